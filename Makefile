@@ -1,0 +1,32 @@
+# kvtool: `make run` chats with the default model, `make test` runs the tests.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# The CPU wheel of torch 2.13.0: a plain `torch` requirement could pull a multi-GB CUDA build.
+TORCH  := torch==2.13.0
+MODEL  ?= smollm2
+
+.PHONY: install run test lint clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet $(TORCH)
+	$(PIP) install --quiet -e '.[dev]'
+	touch $@
+
+run: install
+	$(VENV)/bin/kvtool models fetch $(MODEL)
+	$(VENV)/bin/kvtool run -m $(MODEL)
+
+test: install
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

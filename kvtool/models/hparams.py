@@ -1,0 +1,68 @@
+"""Hyper-parameters read from a GGUF's `{arch}.*` keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvtool.errors import ModelLoadError
+from kvtool.gguf_file import GGUFFile
+
+
+def per_layer(value: object, n_layer: int) -> list[int]:
+    """A key that is either one number or an array with one value per layer."""
+    if isinstance(value, np.ndarray | list):
+        vals = [int(v) for v in value]
+        if len(vals) != n_layer:
+            raise ModelLoadError(f"per-layer array of length {len(vals)} for {n_layer} layers")
+        return vals
+    return [int(value)] * n_layer  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class HParams:
+    arch: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: list[int]
+    head_dim_k: int
+    head_dim_v: int
+    eps: float
+    rope_base: float
+    n_rot: int
+    rope_freq_scale: float
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile, n_vocab: int) -> HParams:
+        n_embd = int(f.arch_get("embedding_length"))
+        n_layer = int(f.arch_get("block_count"))
+        n_head = int(f.arch_get("attention.head_count"))
+        n_head_kv = per_layer(f.arch_get("attention.head_count_kv", n_head), n_layer)
+        hd_k = int(f.arch_get("attention.key_length", n_embd // n_head))
+        hd_v = int(f.arch_get("attention.value_length", hd_k))
+        scaling = str(f.arch_get("rope.scaling.type", "none"))
+        factor = float(f.arch_get("rope.scaling.factor", 0.0) or 0.0)
+        if scaling not in ("none", "linear") and factor not in (0.0, 1.0):
+            raise ModelLoadError(f"unsupported rope scaling '{scaling}'")
+        freq_scale = 1.0 / factor if scaling == "linear" and factor > 0 else 1.0
+        return cls(
+            arch=f.arch,
+            n_vocab=int(f.arch_get("vocab_size", n_vocab)),
+            n_ctx_train=int(f.arch_get("context_length", 4096)),
+            n_embd=n_embd,
+            n_layer=n_layer,
+            n_ff=int(np.max(f.arch_get("feed_forward_length"))),
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            head_dim_k=hd_k,
+            head_dim_v=hd_v,
+            eps=float(f.arch_get("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_base=float(f.arch_get("rope.freq_base", 10000.0)),
+            n_rot=int(f.arch_get("rope.dimension_count", hd_k)),
+            rope_freq_scale=freq_scale,
+        )

@@ -1,0 +1,54 @@
+"""Building blocks shared by the architectures: norms, RoPE, feed-forward."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """x * w / sqrt(mean(x^2) + eps) over the last dim (ggml_rms_norm then a multiply)."""
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y * w if w is not None else y
+
+
+@dataclass(frozen=True)
+class RopeParams:
+    """llama.cpp's rope: `n_rot` dims rotated; NORM rotates adjacent pairs (2i, 2i+1),
+    NEOX rotates (i, i + n_rot/2). theta_i = pos * freq_scale * base^(-2i/n_rot) / factor_i."""
+
+    n_rot: int
+    base: float
+    freq_scale: float = 1.0
+    neox: bool = False
+    freq_factors: torch.Tensor | None = None  # [n_rot/2] (rope_freqs.weight), divides theta
+
+    def cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [n, n_rot/2] for positions (or position deltas) `pos` [n]."""
+        half = self.n_rot // 2
+        inv = self.base ** (-2.0 * torch.arange(half, dtype=torch.float64) / self.n_rot)
+        if self.freq_factors is not None:
+            inv = inv / self.freq_factors.double()
+        theta = pos.double()[:, None] * self.freq_scale * inv[None, :]
+        return torch.cos(theta).float(), torch.sin(theta).float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p: RopeParams) -> torch.Tensor:
+    """x [n, n_head, head_dim]; cos/sin [n, n_rot/2]. Dims past n_rot pass through."""
+    half = p.n_rot // 2
+    c, s = cos[:, None, :], sin[:, None, :]  # [n, 1, half]
+    xr, rest = x[..., : p.n_rot], x[..., p.n_rot :]
+    if p.neox:
+        a, b = xr[..., :half], xr[..., half:]
+        out = torch.cat([a * c - b * s, a * s + b * c], dim=-1)
+    else:
+        a, b = xr[..., 0::2], xr[..., 1::2]
+        out = torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+    return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
+
+
+def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x))."""
+    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)

@@ -1,0 +1,102 @@
+"""The `llama` architecture (Llama, SmolLM2, TinyLlama...): RMSNorm, RoPE (NORM), GQA, SwiGLU."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kvtool.batch import UBatch
+from kvtool.gguf_file import GGUFFile
+from kvtool.memory.base import AttentionContext
+from kvtool.memory.kv_cache import KVLayerSpec
+from kvtool.memory.spec import MemorySpec
+from kvtool.models.hparams import HParams
+from kvtool.models.layers import RopeParams, apply_rope, rms_norm, swiglu
+
+
+@dataclass
+class LlamaLayer:
+    attn_norm: torch.Tensor  # [n_embd]
+    wq: torch.Tensor  # [n_head * hd, n_embd]
+    wk: torch.Tensor  # [n_head_kv * hd, n_embd]
+    wv: torch.Tensor  # [n_head_kv * hd_v, n_embd]
+    wo: torch.Tensor  # [n_embd, n_head * hd_v]
+    bq: torch.Tensor | None
+    bk: torch.Tensor | None
+    bv: torch.Tensor | None
+    ffn_norm: torch.Tensor
+    ffn_gate: torch.Tensor  # [n_ff, n_embd]
+    ffn_up: torch.Tensor
+    ffn_down: torch.Tensor  # [n_embd, n_ff]
+
+
+def _opt(f: GGUFFile, name: str) -> torch.Tensor | None:
+    return f.tensor(name) if f.has_tensor(name) else None
+
+
+class LlamaModel:
+    """Weights and forward pass of the llama architecture."""
+
+    def __init__(self, f: GGUFFile, hp: HParams) -> None:
+        self.hp = hp
+        self.tok_embd = f.tensor("token_embd.weight")  # [n_vocab, n_embd]
+        self.output_norm = f.tensor("output_norm.weight")
+        self.output = _opt(f, "output.weight")
+        if self.output is None:
+            self.output = self.tok_embd  # tied embeddings
+        self.layers = [
+            LlamaLayer(
+                attn_norm=f.tensor(f"blk.{il}.attn_norm.weight"),
+                wq=f.tensor(f"blk.{il}.attn_q.weight"),
+                wk=f.tensor(f"blk.{il}.attn_k.weight"),
+                wv=f.tensor(f"blk.{il}.attn_v.weight"),
+                wo=f.tensor(f"blk.{il}.attn_output.weight"),
+                bq=_opt(f, f"blk.{il}.attn_q.bias"),
+                bk=_opt(f, f"blk.{il}.attn_k.bias"),
+                bv=_opt(f, f"blk.{il}.attn_v.bias"),
+                ffn_norm=f.tensor(f"blk.{il}.ffn_norm.weight"),
+                ffn_gate=f.tensor(f"blk.{il}.ffn_gate.weight"),
+                ffn_up=f.tensor(f"blk.{il}.ffn_up.weight"),
+                ffn_down=f.tensor(f"blk.{il}.ffn_down.weight"),
+            )
+            for il in range(hp.n_layer)
+        ]
+        self.rope = RopeParams(
+            n_rot=hp.n_rot,
+            base=hp.rope_base,
+            freq_scale=hp.rope_freq_scale,
+            neox=False,
+            freq_factors=_opt(f, "rope_freqs.weight"),
+        )
+
+    def memory_spec(self) -> MemorySpec:
+        hp = self.hp
+        return MemorySpec(kv={il: KVLayerSpec(hp.n_head_kv[il], hp.head_dim_k, hp.head_dim_v) for il in range(hp.n_layer)})
+
+    def rope_shift(self, il: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """Re-rotate cached K rows [n, n_head_kv, hd] by position deltas [n]."""
+        cos, sin = self.rope.cos_sin(delta)
+        return apply_rope(k, cos, sin, self.rope)
+
+    def forward(self, ub: UBatch, mctx: AttentionContext) -> torch.Tensor:
+        """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
+        hp = self.hp
+        n = ub.n_tokens
+        x = self.tok_embd[torch.from_numpy(ub.token)]  # [n, n_embd]
+        cos, sin = self.rope.cos_sin(torch.from_numpy(ub.pos))
+        scale = 1.0 / math.sqrt(hp.head_dim_k)
+        for il, L in enumerate(self.layers):
+            h = rms_norm(x, L.attn_norm, hp.eps)
+            q = F.linear(h, L.wq, L.bq).view(n, hp.n_head, hp.head_dim_k)
+            k = F.linear(h, L.wk, L.bk).view(n, hp.n_head_kv[il], hp.head_dim_k)
+            v = F.linear(h, L.wv, L.bv).view(n, hp.n_head_kv[il], hp.head_dim_v)
+            q = apply_rope(q, cos, sin, self.rope)
+            k = apply_rope(k, cos, sin, self.rope)
+            x = x + F.linear(mctx.attend(il, q, k, v, scale), L.wo)
+            if il == hp.n_layer - 1:
+                x = x[torch.from_numpy(ub.output)]  # only output rows need the rest
+            x = x + swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate, L.ffn_up, L.ffn_down)
+        return F.linear(rms_norm(x, self.output_norm, hp.eps), self.output)
