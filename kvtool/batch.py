@@ -32,7 +32,9 @@ class Batch:
     seq_ids: list[tuple[int, ...]] = field(default_factory=list)
     logits: list[bool] = field(default_factory=list)
 
-    def add(self, token: int, pos: int | None = None, seq_ids: Sequence[int] = (0,), logits: bool = False) -> None:
+    def add(
+        self, token: int, pos: int | None = None, seq_ids: Sequence[int] = (0,), logits: bool = False
+    ) -> None:
         """Append one token (llama.cpp's common_batch_add)."""
         self.tokens.append(int(token))
         self.pos.append(None if pos is None else int(pos))
@@ -185,7 +187,9 @@ class BatchAllocator:
                     s0 = sids[0]
                     a = (memory.seq_pos_min(s0), memory.seq_pos_max(s0))
                     if a != (memory.seq_pos_min(s1), memory.seq_pos_max(s1)):
-                        raise DecodeError(f"sequence {s1} is coupled to {s0} in the batch but they diverged", -1)
+                        raise DecodeError(
+                            f"sequence {s1} is coupled to {s0} in the batch but they diverged", -1
+                        )
 
     # -- splitting --------------------------------------------------------------------------
     def split_reset(self) -> None:

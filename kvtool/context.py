@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -12,7 +13,6 @@ from kvtool.batch import Batch, BatchAllocator, DecodeError
 from kvtool.errors import KvtoolError
 from kvtool.memory.base import MemoryStatus
 from kvtool.memory.kv_cache import KVCache, KVCacheParams
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kvtool.model import Model
@@ -126,7 +126,7 @@ class Context:
     def _rollback(self, alloc: BatchAllocator) -> None:
         """Forget every position this batch may have written (llama.cpp does the same)."""
         for s in alloc.seq_ids_in_batch():
-            lo = int(min(p for p, sids in zip(alloc.pos, alloc.batch.seq_ids) if s in sids))
+            lo = int(min(p for p, sids in zip(alloc.pos, alloc.batch.seq_ids, strict=True) if s in sids))
             self.memory.seq_rm(s, lo, -1)
 
     def logits(self) -> torch.Tensor:

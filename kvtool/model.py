@@ -26,7 +26,9 @@ class Model:
         self.file = GGUFFile(path)
         arch = self.file.arch
         if arch not in ARCHITECTURES:
-            raise ModelLoadError(f"unsupported architecture '{arch}' (supported: {', '.join(sorted(ARCHITECTURES))})")
+            raise ModelLoadError(
+                f"unsupported architecture '{arch}' (supported: {', '.join(sorted(ARCHITECTURES))})"
+            )
         self.vocab = Vocab.from_gguf(self.file)
         self.hparams = HParams.from_gguf(self.file, self.vocab.n_vocab)
         try:

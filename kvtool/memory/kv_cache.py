@@ -44,7 +44,9 @@ class KVCacheParams:
 class KVCache:
     """K/V tensors `[n_stream, n_cells, n_head_kv, head_dim]` per layer, and their cells."""
 
-    def __init__(self, layers: dict[int, KVLayerSpec], params: KVCacheParams, shift_fn: ShiftFn | None) -> None:
+    def __init__(
+        self, layers: dict[int, KVLayerSpec], params: KVCacheParams, shift_fn: ShiftFn | None
+    ) -> None:
         self.params = params
         self.layers = layers
         self.n_stream = 1 if params.unified else params.n_seq_max
@@ -52,10 +54,14 @@ class KVCache:
         self.cells = [KVCells(params.n_cells) for _ in range(self.n_stream)]
         self.shift_fn = shift_fn
         shape = (self.n_stream, params.n_cells)
-        self.k = {il: torch.zeros(*shape, s.n_head_kv, s.head_dim_k, dtype=params.dtype, device=params.device)
-                  for il, s in layers.items()}
-        self.v = {il: torch.zeros(*shape, s.n_head_kv, s.head_dim_v, dtype=params.dtype, device=params.device)
-                  for il, s in layers.items()}
+        self.k = {
+            il: torch.zeros(*shape, s.n_head_kv, s.head_dim_k, dtype=params.dtype, device=params.device)
+            for il, s in layers.items()
+        }
+        self.v = {
+            il: torch.zeros(*shape, s.n_head_kv, s.head_dim_v, dtype=params.dtype, device=params.device)
+            for il, s in layers.items()
+        }
 
     # -- sequences and streams ------------------------------------------------------------------
     def stream_of(self, seq_id: int) -> int:
@@ -213,4 +219,3 @@ class KVShiftContext:
                 rows = k[s].index_select(0, ti)
                 k[s].index_copy_(0, ti, cache.shift_fn(il, rows.float(), delta).to(k.dtype))
         return True
-

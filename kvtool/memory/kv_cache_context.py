@@ -48,7 +48,7 @@ class KVCacheContext:
         streams = cache._ubatch_streams(ub)
         per = ub.n_tokens // len(streams)
         rows = []
-        for b, (s, idx) in enumerate(zip(streams, self.slots[self.i])):
+        for b, (s, idx) in enumerate(zip(streams, self.slots[self.i], strict=True)):
             sl = slice(b * per, (b + 1) * per)
             cache.cells[s].apply(idx, ub.pos[sl], ub.seq_mask[sl])
             rows.append(s * cache.n_cells + idx)
@@ -77,7 +77,9 @@ class KVCacheContext:
             out[b] = np.where(vis, np.float32(0.0), np.float32(-np.inf))
         return torch.from_numpy(out)
 
-    def attend(self, il: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    def attend(
+        self, il: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
         """q [n_tokens, n_head, d_k], k [n_tokens, n_head_kv, d_k], v [n_tokens, n_head_kv, d_v]
         -> [n_tokens, n_head * d_v]. Stores k and v in this layer's cells first."""
         assert self._rows is not None and self._mask is not None, "apply() first"

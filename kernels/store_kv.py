@@ -1,0 +1,80 @@
+"""store_kv: write new K or V rows into the cache at cell indices (llama.cpp's set_rows)."""
+
+from __future__ import annotations
+
+import torch
+
+try:  # triton is in the gpu/test extras only; the reference runs without it
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+# With postponed annotations `tl.constexpr` is only a string, so the kernel can be defined
+# (undecorated, never launched) when triton is missing.
+_jit = triton.jit if triton is not None else (lambda fn: fn)
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def store_kv_ref(dst: torch.Tensor, src: torch.Tensor, idx: torch.Tensor) -> None:
+    """dst[idx[i]] = src[i] for every i, in place.
+
+    dst: [n_rows, width] (the cache of one layer viewed as rows: stream * n_cells + cell)
+    src: [n_tokens, width]; idx: [n_tokens] int64, distinct rows.
+    """
+    dst.index_copy_(0, idx, src.to(dst.dtype))
+
+
+@_jit
+def _store_kv_kernel(
+    dst_ptr,  # [n_rows, width]
+    src_ptr,  # [n_tokens, width]
+    idx_ptr,  # [n_tokens] int64
+    width,
+    stride_dst,
+    stride_src,
+    BLOCK: tl.constexpr,
+):
+    # One program per (token, chunk of the row): a plain gather-free scatter of rows.
+    i = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    keep = cols < width
+    row = tl.load(idx_ptr + i)  # int64: caches can exceed 2**31 elements
+    x = tl.load(src_ptr + i.to(tl.int64) * stride_src + cols, mask=keep)
+    tl.store(dst_ptr + row * stride_dst + cols, x.to(dst_ptr.dtype.element_ty), mask=keep)
+
+
+def store_kv_triton(
+    dst: torch.Tensor,  # [n_rows, width]
+    src: torch.Tensor,  # [n_tokens, width]
+    idx: torch.Tensor,  # [n_tokens] int64
+    *,
+    block: int | None = None,
+) -> None:
+    """Triton version of `store_kv_ref` (same contract). `block` overrides the row chunk."""
+    assert triton is not None, "store_kv_triton needs triton"
+    assert dst.dim() == 2 and src.dim() == 2 and idx.dim() == 1
+    assert dst.dtype in _DTYPES and src.dtype in _DTYPES, (dst.dtype, src.dtype)
+    assert idx.dtype == torch.int64 and idx.is_contiguous()
+    n_tokens, width = src.shape
+    assert dst.shape[1] == width and idx.shape[0] == n_tokens, (dst.shape, src.shape, idx.shape)
+    assert dst.stride(1) == 1 and src.stride(1) == 1, "rows must be contiguous"
+    assert dst.device == src.device == idx.device
+    if n_tokens == 0:
+        return
+    block = block or min(1024, triton.next_power_of_2(width))
+    grid = (n_tokens, triton.cdiv(width, block))
+    _store_kv_kernel[grid](dst, src, idx, width, dst.stride(0), src.stride(0), BLOCK=block)
+
+
+def _use_triton(*tensors: torch.Tensor) -> bool:
+    return triton is not None and all(t.is_cuda for t in tensors)
+
+
+def store_kv(dst: torch.Tensor, src: torch.Tensor, idx: torch.Tensor) -> None:
+    """dst[idx[i]] = src[i]: Triton on CUDA tensors, the reference elsewhere."""
+    if _use_triton(dst, src, idx):
+        store_kv_triton(dst, src, idx)
+    else:
+        store_kv_ref(dst, src, idx)

@@ -1,0 +1,109 @@
+"""A chat conversation kept in sync with one sequence of a context's memory.
+
+Each turn renders the whole conversation with the chat template, tokenizes it, keeps the
+longest prefix already in the memory and decodes only the rest (what llama-server does with
+its prompt cache), so a turn decodes just its new tokens and any template works."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvtool.context import Context
+from kvtool.generate import Generation, TextStream, Timings, decode_tokens, generate
+from kvtool.sampling import Sampler
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class ChatSession:
+    """Messages plus the token ids of `seq` held in the memory."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        sampler: Sampler,
+        system: str | None = None,
+        seq: int = 0,
+        use_template: bool = True,
+    ) -> None:
+        self.ctx = ctx
+        self.sampler = sampler
+        self.system = system
+        self.seq = seq
+        self.use_template = use_template
+        self.messages: list[dict[str, str]] = []
+        self.cached: list[int] = []  # tokens of `seq` in the memory, positions 0..n-1
+        self.timings = Timings()
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget the conversation (the system message stays) and its cells."""
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.ctx.memory.seq_rm(self.seq, -1, -1)
+        self.cached = []
+        self.sampler.reset()
+
+    def _sync(self, tokens: list[int]) -> list[int]:
+        """Drops the memory's tail that differs from `tokens`; returns the tokens to decode."""
+        keep = min(common_prefix(self.cached, tokens), len(tokens) - 1)  # decode >= 1 for logits
+        if keep < len(self.cached):
+            self.ctx.memory.seq_rm(self.seq, keep, -1)
+            self.cached = self.cached[:keep]
+        return tokens[keep:]
+
+    def prompt_tokens(self, text: str | None = None) -> list[int]:
+        model = self.ctx.model
+        if self.use_template:
+            rendered = model.apply_chat_template(self.messages, add_generation_prompt=True)
+            return model.tokenize(rendered, add_special=True, parse_special=True)
+        return model.tokenize(text or "", add_special=True, parse_special=False)
+
+    def respond(
+        self, user_text: str, n_predict: int = -1, on_text: Callable[[str], None] | None = None
+    ) -> tuple[str, Generation]:
+        """Adds the user's turn, generates the reply (streamed through on_text), records it."""
+        if self.use_template:
+            self.messages.append({"role": "user", "content": user_text})
+            tokens = self.prompt_tokens()
+        else:
+            tokens = self.cached + self.ctx.model.tokenize(
+                user_text, add_special=not self.cached, parse_special=False
+            )
+        try:
+            new = self._sync(tokens)
+            logits = decode_tokens(self.ctx, new, self.seq, len(self.cached), self.timings)
+        except BaseException:
+            if self.use_template:
+                self.messages.pop()
+            raise
+        self.cached = list(tokens)
+        stream = TextStream(self.ctx.model)
+        parts: list[str] = []
+
+        def emit(tok: int) -> None:
+            piece = stream.push(tok)
+            if piece:
+                parts.append(piece)
+                if on_text is not None:
+                    on_text(piece)
+
+        gen = generate(
+            self.ctx, self.sampler, logits, len(self.cached), n_predict, emit, self.seq, self.timings
+        )
+        tail = stream.flush()
+        if tail:
+            parts.append(tail)
+            if on_text is not None:
+                on_text(tail)
+        # The memory holds every generated token but the last one sampled (decoded next turn).
+        self.cached = (self.cached + gen.tokens)[: self.ctx.memory.seq_pos_max(self.seq) + 1]
+        text = "".join(parts)
+        if self.use_template:
+            self.messages.append({"role": "assistant", "content": text})
+        return text, gen

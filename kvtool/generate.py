@@ -1,0 +1,125 @@
+"""Prompt decoding and the token generation loop shared by the commands."""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvtool.batch import Batch, DecodeError
+from kvtool.context import Context
+from kvtool.errors import KvtoolError
+from kvtool.sampling import Sampler
+
+
+class ContextFullError(KvtoolError):
+    """The prompt does not fit in the context."""
+
+
+@dataclass
+class Timings:
+    n_prompt: int = 0
+    t_prompt: float = 0.0
+    n_gen: int = 0
+    t_gen: float = 0.0
+
+    def line(self) -> str:
+        pp = self.n_prompt / self.t_prompt if self.t_prompt > 0 else 0.0
+        tg = self.n_gen / self.t_gen if self.t_gen > 0 else 0.0
+        return (
+            f"prompt: {self.n_prompt} tokens in {self.t_prompt:.2f} s ({pp:.1f} t/s) | "
+            f"generation: {self.n_gen} tokens in {self.t_gen:.2f} s ({tg:.1f} t/s)"
+        )
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    stop: str  # "eog" | "length" | "ctx_full" | "interrupted"
+
+
+class TextStream:
+    """Token pieces to text, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self, model: object) -> None:
+        self.model = model
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token: int) -> str:
+        return self._dec.decode(self.model.token_to_piece(token, special=False))  # type: ignore[attr-defined]
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)
+
+
+def decode_tokens(
+    ctx: Context, tokens: Sequence[int], seq: int, pos0: int, timings: Timings | None = None
+) -> torch.Tensor:
+    """Decodes `tokens` at pos0.. in n_batch chunks; returns the last token's logits."""
+    if not tokens:
+        raise ValueError("nothing to decode")
+    if pos0 + len(tokens) > ctx.n_ctx_seq:
+        raise ContextFullError(
+            f"the prompt needs {pos0 + len(tokens)} positions but the context holds {ctx.n_ctx_seq} "
+            f"per sequence (raise -c/--ctx-size)"
+        )
+    t0 = time.perf_counter()
+    for i in range(0, len(tokens), ctx.n_batch):
+        chunk = tokens[i : i + ctx.n_batch]
+        last = i + len(chunk) == len(tokens)
+        ctx.decode(Batch.from_tokens(chunk, seq_id=seq, pos0=pos0 + i, logits="last" if last else "none"))
+    if timings is not None:
+        timings.n_prompt += len(tokens)
+        timings.t_prompt += time.perf_counter() - t0
+    return ctx.logits_ith(-1)
+
+
+def generate(
+    ctx: Context,
+    sampler: Sampler,
+    logits: torch.Tensor,
+    pos: int,
+    n_predict: int,
+    on_token: Callable[[int], None] | None = None,
+    seq: int = 0,
+    timings: Timings | None = None,
+) -> Generation:
+    """Samples until end of generation, n_predict tokens (-1: no limit) or a full context.
+    Every accepted token except an end-of-generation one is decoded into the memory."""
+    model = ctx.model
+    out: list[int] = []
+    t0 = time.perf_counter()
+    stop = "length"
+    try:
+        while n_predict < 0 or len(out) < n_predict:
+            tok = sampler.sample(logits)
+            sampler.accept(tok)
+            if model.is_eog(tok):
+                stop = "eog"
+                break
+            out.append(tok)
+            if on_token is not None:
+                on_token(tok)
+            if n_predict >= 0 and len(out) >= n_predict:
+                break
+            if pos >= ctx.n_ctx_seq:
+                stop = "ctx_full"
+                break
+            try:
+                ctx.decode(Batch.from_tokens([tok], seq_id=seq, pos0=pos, logits="last"))
+            except DecodeError as e:
+                if e.status != 1:
+                    raise
+                stop = "ctx_full"
+                break
+            pos += 1
+            logits = ctx.logits_ith(-1)
+    except KeyboardInterrupt:
+        stop = "interrupted"
+    if timings is not None:
+        timings.n_gen += len(out)
+        timings.t_gen += time.perf_counter() - t0
+    return Generation(out, stop)
