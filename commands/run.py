@@ -37,6 +37,9 @@ def run(
     seed: Annotated[int, typer.Option("-s", "--seed", help="RNG seed (-1: random).")] = -1,
     system: Annotated[str | None, typer.Option("-sys", "--system", help="System message.")] = None,
     no_chat: Annotated[bool, typer.Option("--no-chat", help="Raw completion, no chat template.")] = False,
+    jinja: Annotated[
+        bool, typer.Option("--jinja", help="Render the GGUF's own Jinja chat template.")
+    ] = False,
     kv_unified: Annotated[
         bool, typer.Option("-kvu", "--kv-unified", help="One KV buffer for all sequences.")
     ] = False,
@@ -46,6 +49,8 @@ def run(
 ) -> None:
     """Chat with a model (interactive, or turns read from a pipe), or complete one prompt (-p)."""
     m = load_model_with_status(model, err)
+    if jinja:
+        m.use_chat_template(jinja=True)
     ctx = kvtool.Context(
         m,
         kvtool.ContextParams(

@@ -37,17 +37,18 @@ def attention_ref(
 
     A query row that sees no key gives zeros (never NaN).
     """
-    n_head, n_head_kv = q.shape[2], k.shape[2]
-    qt = q.transpose(1, 2).float()  # [S, H, n_q, D]
+    S, n_q, n_head, _ = q.shape
+    n_head_kv = k.shape[2]
+    g = n_head // n_head_kv
+    # Query heads that share a KV head become extra query rows of that head: no K/V copies.
+    qt = q.float().view(S, n_q, n_head_kv, g, -1).permute(0, 2, 3, 1, 4).reshape(S, n_head_kv, g * n_q, -1)
     kt = k.transpose(1, 2).float()  # [S, Hkv, n_kv, D]
-    vt = v.transpose(1, 2).float()
-    if n_head != n_head_kv:
-        kt = kt.repeat_interleave(n_head // n_head_kv, dim=1)
-        vt = vt.repeat_interleave(n_head // n_head_kv, dim=1)
+    vt = v.transpose(1, 2).float()  # [S, Hkv, n_kv, Dv]
     empty = torch.isneginf(mask).all(dim=-1, keepdim=True)  # [S, n_q, 1]
-    m = mask.masked_fill(empty, 0.0).unsqueeze(1).to(qt.dtype)  # [S, 1, n_q, n_kv]
-    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=m, scale=scale)  # [S, H, n_q, Dv]
-    out = out.transpose(1, 2)
+    m = mask.masked_fill(empty, 0.0).float()  # [S, n_q, n_kv]
+    m = m.unsqueeze(1).expand(S, g, n_q, m.shape[-1]).reshape(S, 1, g * n_q, -1)  # [S, 1, g*n_q, n_kv]
+    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=m, scale=scale)  # [S, Hkv, g*n_q, Dv]
+    out = out.view(S, n_head_kv, g, n_q, -1).permute(0, 3, 1, 2, 4).reshape(S, n_q, n_head, -1)
     return out.masked_fill(empty.unsqueeze(-1), 0.0).to(q.dtype)
 
 

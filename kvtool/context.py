@@ -12,10 +12,17 @@ import torch
 from kvtool.batch import Batch, BatchAllocator, DecodeError
 from kvtool.errors import KvtoolError
 from kvtool.memory.base import MemoryStatus
-from kvtool.memory.kv_cache import KVCache, KVCacheParams
+from kvtool.memory.kv_cache import KVCache, KVCacheParams, KVLayerSpec
+from kvtool.memory.kv_cells import SWAParams
+from kvtool.memory.swa_kv_cache import SWAKVCache
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from kvtool.model import Model
+    from kvtool.sampling import Sampler
+    from kvtool.state.codec import Tokens
+    from kvtool.state.header import StateInfo
 
 _DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -75,16 +82,27 @@ class Context:
         self._out_row = np.zeros(0, dtype=np.int64)  # batch index -> logits row (-1: none)
         self.n_decoded = 0  # tokens computed over the context's life (for timings)
 
-    def _build_memory(self) -> KVCache:
+    def _build_memory(self) -> KVCache | SWAKVCache:
+        """The memory the model's layers ask for: one KVCache, or a base + sliding-window pair
+        whose window cache holds pad256(min(n_ctx_seq, n_swa * (n_seq_max if unified else 1)
+        + n_ubatch)) cells per stream (all of n_ctx_seq with swa_full), as llama.cpp sizes it."""
         spec = self.model.memory_spec()
         p = self.params
-        kv_params = KVCacheParams(
-            n_cells=self.n_ctx_seq,
-            n_seq_max=p.n_seq_max,
-            unified=p.kv_unified,
-            dtype=_DTYPES[p.type_k],
-        )
-        return KVCache(spec.kv, kv_params, self.model.rope_shift)
+
+        def cache(layers: dict[int, KVLayerSpec], n_cells: int, swa: SWAParams | None) -> KVCache:
+            kv = KVCacheParams(n_cells, p.n_seq_max, p.kv_unified, swa, _DTYPES[p.type_k])
+            return KVCache(layers, kv, self.model.rope_shift)
+
+        if not spec.swa_layers:
+            return cache(spec.kv, self.n_ctx_seq, None)
+        assert spec.swa is not None
+        base = {il: s for il, s in spec.kv.items() if il not in spec.swa_layers}
+        win = {il: s for il, s in spec.kv.items() if il in spec.swa_layers}
+        n_swa_cells = self.n_ctx_seq
+        if not p.swa_full:
+            want = spec.swa.n_swa * (p.n_seq_max if p.kv_unified else 1) + self.n_ubatch
+            n_swa_cells = pad(min(self.n_ctx_seq, want))
+        return SWAKVCache(cache(base, self.n_ctx_seq, None), cache(win, n_swa_cells, spec.swa))
 
     # -- decode ---------------------------------------------------------------------------------
     def decode(self, batch: Batch) -> None:
@@ -150,3 +168,69 @@ class Context:
 
     def n_used_cells(self) -> int:
         return self.memory.n_used()
+
+    # -- state (llama_state_*; the format is docs/state-format.md) --------------------------------
+    # kvtool.state is imported inside the methods: it builds on the engine, not the reverse.
+    def state_get_data(
+        self, *, tokens: Tokens = None, sampler: Sampler | None = None, app: dict[str, object] | None = None
+    ) -> bytes:
+        """The whole context as a state: every sequence's cells and the last decode's logits.
+        Token ids (`{seq: ids}`), the sampler's state and `app` (JSON) are stored alongside."""
+        from kvtool.state import codec
+
+        return codec.encode(self.model, self.memory, None, tokens, sampler, app, self._logits, self._out_row)
+
+    def state_set_data(self, data: bytes) -> StateInfo:
+        """Replaces every sequence and the logits with a context state. Everything is checked
+        first: on StateError the context is exactly as it was."""
+        from kvtool.state import codec
+
+        loaded = codec.decode(self.model, self.memory, data, None)
+        assert loaded.logits is not None and loaded.out_row is not None
+        self._logits, self._out_row = loaded.logits, loaded.out_row
+        return loaded.info
+
+    def state_seq_get_data(
+        self,
+        seq: int,
+        *,
+        tokens: Tokens = None,
+        sampler: Sampler | None = None,
+        app: dict[str, object] | None = None,
+    ) -> bytes:
+        """Sequence `seq` as a state (its cells only; loadable into any sequence id)."""
+        from kvtool.state import codec
+
+        return codec.encode(self.model, self.memory, seq, tokens, sampler, app)
+
+    def state_seq_set_data(self, data: bytes, seq: int) -> StateInfo:
+        """Replaces sequence `seq` with a sequence state (its cells need not be contiguous, the
+        KV mode and n_ctx may differ). On StateError the context is exactly as it was."""
+        from kvtool.state import codec
+
+        return codec.decode(self.model, self.memory, data, seq).info
+
+    def state_save_file(
+        self,
+        path: str | Path,
+        seq: int | None = None,
+        *,
+        tokens: Tokens = None,
+        sampler: Sampler | None = None,
+        app: dict[str, object] | None = None,
+    ) -> int:
+        """Saves the context (seq None) or one sequence atomically; returns the bytes written."""
+        from kvtool.state import files
+
+        if seq is None:
+            data = self.state_get_data(tokens=tokens, sampler=sampler, app=app)
+        else:
+            data = self.state_seq_get_data(seq, tokens=tokens, sampler=sampler, app=app)
+        return files.write_atomic(path, data)
+
+    def state_load_file(self, path: str | Path, seq: int | None = None) -> StateInfo:
+        """Loads a file saved by `state_save_file` (a sequence state needs `seq`)."""
+        from kvtool.state import files
+
+        data = files.read_file(path)
+        return self.state_set_data(data) if seq is None else self.state_seq_set_data(data, seq)

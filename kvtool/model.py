@@ -35,13 +35,18 @@ class Model:
             self.impl = ARCHITECTURES[arch](self.file, self.hparams)
         except KeyError as e:
             raise ModelLoadError(f"{self.path.name}: missing or malformed {e}") from e
+        self.use_chat_template(jinja=False)
+        self.fingerprint = self.file.fingerprint()
+
+    def use_chat_template(self, jinja: bool) -> None:
+        """Chooses the chat template as llama.cpp does; jinja=True renders the GGUF's own (--jinja)."""
         self.chat_template: ChatTemplate = select_chat_template(
             self.file.get("tokenizer.chat_template", None),
-            arch,
+            self.arch,
             bos_token=self._special_text(self.vocab.bos),
             eos_token=self._special_text(self.vocab.eos),
+            jinja=jinja,
         )
-        self.fingerprint = self.file.fingerprint()
 
     def _special_text(self, token: int | None) -> str:
         return self.vocab.token_text(token) if token is not None and token >= 0 else ""

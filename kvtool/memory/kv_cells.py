@@ -87,10 +87,13 @@ class KVCells:
             out[s] = self.seq_pos_max(s)
         return out
 
+    def _seqs_of(self, cells: np.ndarray) -> list[int]:
+        bits = int(np.bitwise_or.reduce(self.seq[cells])) if len(cells) else 0
+        return [s for s in range(64) if bits >> s & 1]
+
     def seq_ids(self) -> list[int]:
         """Sequence ids present in this stream."""
-        allbits = int(np.bitwise_or.reduce(self.seq)) if self.size else 0
-        return [s for s in range(64) if allbits >> s & 1]
+        return self._seqs_of(np.flatnonzero(self.seq))
 
     # -- mutation -------------------------------------------------------------------------------
     def _free(self, cells: np.ndarray) -> None:
@@ -160,7 +163,12 @@ class KVCells:
         return cand[:n]
 
     def apply(self, idx: np.ndarray, pos: np.ndarray, seq_mask: np.ndarray) -> None:
-        """Place tokens in cells `idx` (a reused sliding-window cell loses its old token)."""
+        """Place tokens in cells `idx`. A reused sliding-window cell loses its old token, and its
+        sequence loses every earlier position too, so positions stay contiguous per sequence."""
+        old = idx[self.pos[idx] != EMPTY]
+        for s in self._seqs_of(old):
+            cut = int(self.pos[old][(self.seq[old] & seq_bit(s)) != 0].max())
+            self.seq_rm(s, 0, cut + 1)
         self.pos[idx] = pos
         self.seq[idx] = seq_mask
         self.shift[idx] = 0
