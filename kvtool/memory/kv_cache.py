@@ -122,8 +122,10 @@ class KVCache:
             c0.seq[hit] |= seq_bit(dst)
             return
         src_idx = np.flatnonzero(hit)
-        if p0 < 0 and p1 < 0:
+        whole = p0 < 0 and p1 < 0
+        if whole:
             c1.reset()
+            c1.head = c0.head  # the copy continues where the source would (as llama.cpp)
         if (c1.pos[src_idx] == -1).all():
             dst_idx = src_idx
         else:

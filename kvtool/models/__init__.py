@@ -1,5 +1,30 @@
 """Architectures by GGUF `general.architecture` name."""
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from kvtool.batch import UBatch
+from kvtool.gguf_file import GGUFFile
+from kvtool.memory.base import AttentionContext
+from kvtool.memory.spec import MemorySpec
+from kvtool.models.gemma3 import Gemma3Model
+from kvtool.models.hparams import HParams
 from kvtool.models.llama import LlamaModel
 
-ARCHITECTURES = {"llama": LlamaModel}
+
+class Architecture(Protocol):
+    """What the Model asks of an architecture's weights."""
+
+    def memory_spec(self) -> MemorySpec: ...
+    def rope_shift(self, il: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor: ...
+    def forward(self, ub: UBatch, mctx: AttentionContext) -> torch.Tensor: ...
+
+
+ARCHITECTURES: dict[str, Callable[[GGUFFile, HParams], Architecture]] = {
+    "llama": LlamaModel,
+    "gemma3": Gemma3Model,
+}

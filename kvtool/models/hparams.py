@@ -66,3 +66,42 @@ class HParams:
             n_rot=int(f.arch_get("rope.dimension_count", hd_k)),
             rope_freq_scale=freq_scale,
         )
+
+
+def swa_layers_from_pattern(pattern: object, n_layer: int) -> frozenset[int]:
+    """Sliding-window layers from `attention.sliding_window_pattern` (llama_hparams::set_swa_pattern):
+    a number n makes layer il sliding iff il % n < n - 1 (n = 0: every layer); an array gives
+    one flag per layer (true = sliding)."""
+    if isinstance(pattern, np.ndarray | list):
+        flags = [bool(v) for v in pattern]
+        if len(flags) != n_layer:
+            raise ModelLoadError(f"sliding_window_pattern has {len(flags)} flags for {n_layer} layers")
+        return frozenset(il for il, f in enumerate(flags) if f)
+    n = int(pattern)  # type: ignore[call-overload]
+    return frozenset(il for il in range(n_layer) if n == 0 or il % n < n - 1)
+
+
+@dataclass(frozen=True)
+class SWAHParams:
+    """Interleaved sliding-window attention: the window, which layers use it, and the rope those
+    layers use (llama.cpp's rope_freq_base_train_swa / rope_freq_scale_train_swa)."""
+
+    n_swa: int
+    layers: frozenset[int]
+    rope_base: float
+    rope_freq_scale: float = 1.0
+
+    @classmethod
+    def from_gguf(
+        cls, f: GGUFFile, n_layer: int, default_pattern: int, default_rope_base: float = 10000.0
+    ) -> SWAHParams | None:
+        """None when the file has no (or a zero) `attention.sliding_window`: no layer slides."""
+        n_swa = int(f.arch_get("attention.sliding_window", 0) or 0)
+        if n_swa <= 0:
+            return None
+        pattern = f.arch_get("attention.sliding_window_pattern", default_pattern)
+        return cls(
+            n_swa=n_swa,
+            layers=swa_layers_from_pattern(pattern, n_layer),
+            rope_base=float(f.arch_get("rope.freq_base_swa", default_rope_base)),
+        )

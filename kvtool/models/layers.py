@@ -52,3 +52,23 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p: RopePar
 def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """down(silu(gate(x)) * up(x))."""
     return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+
+_SQRT_2_OVER_PI = 0.79788456080286535587989211986876
+_GELU_COEF_A = 0.044715
+
+
+def gelu_ggml(x: torch.Tensor) -> torch.Tensor:
+    """tanh-GELU as ggml computes it on CPU (GGML_GELU_FP16): x is rounded to fp16 and the result
+    looked up in an fp16 table of tanh-GELU, except x <= -10 -> 0 and x >= 10 -> x. Rounding in and
+    out of fp16 around an f32 evaluation reproduces the table. On the tiny gemma3 oracle model this
+    brings kvtool 2-5x closer to llama.cpp than exact tanh-GELU (max rel 1.3e-4 instead of 3.9e-4)."""
+    xh = x.to(torch.float16).float()
+    g = 0.5 * xh * (1.0 + torch.tanh(_SQRT_2_OVER_PI * xh * (1.0 + _GELU_COEF_A * xh * xh)))
+    g = g.to(torch.float16).float()
+    return torch.where(x <= -10.0, torch.zeros_like(x), torch.where(x >= 10.0, x, g))
+
+
+def geglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """down(gelu(gate(x)) * up(x)) with ggml's CPU GELU (llama.cpp's LLM_FFN_GELU + LLM_FFN_PAR)."""
+    return F.linear(gelu_ggml(F.linear(x, gate)) * F.linear(x, up), down)

@@ -12,7 +12,7 @@ import pytest
 import kvtool
 
 DATA = Path(__file__).parent.parent / "data" / "tiny"
-SCENARIOS = ["single", "multi", "fork", "rm_tail"]
+SCENARIOS = ["single", "multi", "fork", "rm_tail", "state_seq"]
 
 
 def replay(model: kvtool.Model, z: np.lib.npyio.NpzFile, unified: bool) -> np.ndarray:
@@ -57,7 +57,7 @@ def replay(model: kvtool.Model, z: np.lib.npyio.NpzFile, unified: bool) -> np.nd
 
 @pytest.mark.parametrize("unified", [1, 0])
 @pytest.mark.parametrize("scenario", SCENARIOS)
-@pytest.mark.parametrize("arch", ["llama"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_tiny_scenario(arch: str, scenario: str, unified: int) -> None:
     model = kvtool.Model(DATA / "models" / f"tiny-{arch}.gguf")
     z = np.load(DATA / arch / f"{scenario}_kvu{unified}_faoff.npz")
