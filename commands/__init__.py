@@ -18,7 +18,8 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from kvtool.commands import models, run  # noqa: F401  (each module adds its verb to `app`)
+    # each module adds its verb to `app`
+    from kvtool.commands import batched_bench, bench, models, parallel, run, state  # noqa: F401
 
 
 def main() -> None:

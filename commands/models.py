@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from kvtool.commands import app
 from rich.console import Console
 from rich.table import Table
 
+from kvtool.commands import app
 from kvtool.registry import DEFAULT_MODEL, KNOWN_MODELS, fetch_model, is_present, model_path
 
 models_app = typer.Typer(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -11,6 +13,8 @@ from rich.console import Console
 import kvtool
 from kvtool.commands import app
 from kvtool.commands.common import ModelOpt, load_model_with_status
+from kvtool.state import ConversationStore
+from kvtool.state.conversations import ConversationPool
 
 err = Console(stderr=True, highlight=False)
 
@@ -46,6 +50,20 @@ def run(
     verbose: Annotated[
         bool, typer.Option("-v", "--verbose", help="Model, template and context details.")
     ] = False,
+    session_file: Annotated[
+        Path | None,
+        typer.Option("--session", help="Resume the chat from this state file if it exists; save it on exit."),
+    ] = None,
+    store: Annotated[
+        Path | None, typer.Option("--store", help="Keep conversations in this SQLite store.")
+    ] = None,
+    conversation: Annotated[
+        str, typer.Option("--conversation", help="The conversation of --store to open.")
+    ] = "default",
+    parallel: Annotated[
+        int | None,
+        typer.Option("-np", "--parallel", help="Conversations in memory at once (default: 4 with --store)."),
+    ] = None,
 ) -> None:
     """Chat with a model (interactive, or turns read from a pipe), or complete one prompt (-p)."""
     m = load_model_with_status(model, err)
@@ -57,32 +75,95 @@ def run(
             n_ctx=ctx_size,
             n_batch=batch_size,
             n_ubatch=ubatch_size,
-            n_seq_max=1,
+            n_seq_max=parallel or (4 if store is not None else 1),
             kv_unified=kv_unified,
             n_threads=threads,
         ),
     )
-    sampler = kvtool.Sampler(
-        kvtool.SamplerParams(
-            seed=seed,
-            temp=temp,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            repeat_penalty=repeat_penalty,
-            repeat_last_n=repeat_last_n,
-        )
+    sp = kvtool.SamplerParams(
+        seed=seed,
+        temp=temp,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+        repeat_last_n=repeat_last_n,
     )
-    session = kvtool.ChatSession(ctx, sampler, system=system, use_template=not no_chat)
+
+    def new_session(seq: int) -> kvtool.ChatSession:
+        return kvtool.ChatSession(ctx, kvtool.Sampler(sp), system=system, seq=seq, use_template=not no_chat)
+
+    keeper = _Keeper(ctx, new_session, session_file, store, conversation)
     if verbose:
         err.print(
             f"model: {m.name} ({m.arch}, {m.path}); chat template: {m.chat_template.name}; "
-            f"n_ctx = {ctx.n_ctx}; seed = {sampler.seed}"
+            f"n_ctx = {ctx.n_ctx}; seed = {keeper.session.sampler.seed}"
         )
-    if prompt is not None:
-        _one_shot(session, prompt, n_predict)
-    else:
-        _chat(session, n_predict)
+    try:
+        if prompt is not None:
+            _one_shot(keeper.session, prompt, n_predict)
+        else:
+            _chat(keeper, n_predict)
+    finally:
+        keeper.finish()
+
+
+class _Keeper:
+    """Where conversations are kept: a session file (like llama-cli's prompt cache), a store of
+    named conversations sharing the model, or nowhere. `/save NAME` and `/load NAME` go to
+    files, or with a store to its conversations (`/load` switches)."""
+
+    def __init__(
+        self,
+        ctx: kvtool.Context,
+        new_session: Callable[[int], kvtool.ChatSession],
+        session_file: Path | None,
+        store: Path | None,
+        name: str,
+    ) -> None:
+        self.file = session_file
+        self.pool = None if store is None else ConversationPool(ctx, ConversationStore(store), new_session)
+        self.name = name
+        if self.pool is not None:
+            self.session = self.pool.open(name)
+            if self.session.messages or self.session.cached:
+                err.print(f"[dim](conversation '{name}': {self._summary()})[/]")
+            return
+        self.session = new_session(0)
+        if session_file is not None and session_file.exists():
+            self.session.load_state(session_file)
+            err.print(f"[dim](resumed {session_file}: {self._summary()})[/]")
+
+    def _summary(self) -> str:
+        return f"{len(self.session.messages)} messages, {len(self.session.cached)} tokens"
+
+    def save(self, name: str) -> str:
+        if self.pool is not None:
+            self.pool.save(self.name, as_name=name)
+            return f"saved as '{name}' in the store"
+        n = self.session.save_state(name)
+        return f"saved to {name} ({n:,} bytes)"
+
+    def load(self, name: str) -> str:
+        if self.pool is not None:
+            self.pool.save(self.name)
+            self.session, self.name = self.pool.open(name), name
+            return f"conversation '{name}': {self._summary()}"
+        self.session.load_state(name)
+        return f"loaded {name}: {self._summary()}"
+
+    def listing(self) -> str:
+        if self.pool is None:
+            return "no store (use --store DB)"
+        rows = self.pool.store.list()
+        return ", ".join(f"{r.name}{'*' if r.name == self.name else ''} ({r.n_messages})" for r in rows)
+
+    def finish(self) -> None:
+        if self.pool is not None:
+            self.pool.close_all()
+            self.pool.store.close()
+        elif self.file is not None:
+            self.session.save_state(self.file)
 
 
 def _write(text: str) -> None:
@@ -121,14 +202,16 @@ def _read_turns():  # type: ignore[no-untyped-def]
             yield line
 
 
-def _chat(session: kvtool.ChatSession, n_predict: int) -> None:
+def _chat(keeper: _Keeper, n_predict: int) -> None:
     if sys.stdin.isatty():
         err.print(
-            "[dim]Chat with the model. /clear forgets the conversation, /exit quits; Ctrl-C stops a reply.[/]"
+            "[dim]Chat with the model. /clear forgets the conversation, /save NAME and /load NAME keep "
+            "and resume it, /list shows a store's, /exit quits; Ctrl-C stops a reply.[/]"
         )
     try:
         for line in _read_turns():
             text = line.strip()
+            session = keeper.session
             if not text:
                 continue
             if text in ("/exit", "/quit"):
@@ -136,6 +219,19 @@ def _chat(session: kvtool.ChatSession, n_predict: int) -> None:
             if text == "/clear":
                 session.clear()
                 err.print("[dim](conversation cleared)[/]")
+                continue
+            if text == "/list":
+                err.print(f"[dim]{keeper.listing()}[/]")
+                continue
+            cmd, _, arg = text.partition(" ")
+            if cmd in ("/save", "/load"):
+                try:
+                    if not arg.strip():
+                        raise kvtool.StateError(f"{cmd} needs a name")
+                    note = keeper.save(arg.strip()) if cmd == "/save" else keeper.load(arg.strip())
+                    err.print(f"[dim]({note})[/]")
+                except kvtool.StateError as e:
+                    err.print(f"[yellow]{e}[/]")
                 continue
             try:
                 _, gen = session.respond(text, n_predict, _write)

@@ -7,10 +7,35 @@ its prompt cache), so a turn decodes just its new tokens and any template works.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from kvtool.context import Context
+from kvtool.errors import StateError
 from kvtool.generate import Generation, TextStream, Timings, decode_tokens, generate
 from kvtool.sampling import Sampler
+from kvtool.state import StateInfo, inspect, read_file, write_atomic
+
+
+def chat_section(info: StateInfo) -> dict[str, Any]:
+    """The conversation a state carries (StateError if it carries none or it does not match)."""
+    chat = (info.app or {}).get("chat")
+    tokens = info.tokens()
+    ok = (
+        info.kind == "sequence"
+        and isinstance(chat, dict)
+        and isinstance(chat.get("messages"), list)
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in chat["messages"]
+        )
+        and (chat.get("system") is None or isinstance(chat["system"], str))
+    )
+    if not ok or not isinstance(chat, dict):
+        raise StateError("this state holds no chat conversation")
+    if tokens is None or len(tokens) != info.seqs[0].pos_max + 1:
+        raise StateError("corrupted state: the conversation's tokens do not match its cells")
+    return chat
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -107,3 +132,30 @@ class ChatSession:
         if self.use_template:
             self.messages.append({"role": "assistant", "content": text})
         return text, gen
+
+    # -- saving and resuming --------------------------------------------------------------------
+    def state_data(self) -> bytes:
+        """The conversation as a sequence state: its cells, token ids, messages and sampler."""
+        chat = {"system": self.system, "messages": self.messages}
+        return self.ctx.state_seq_get_data(
+            self.seq, tokens=self.cached, sampler=self.sampler, app={"chat": chat}
+        )
+
+    def restore_data(self, data: bytes) -> StateInfo:
+        """Resumes a conversation saved by `state_data` on this session's sequence (any model
+        context that fits it). Checked first: on StateError nothing has changed."""
+        chat = chat_section(inspect(data))
+        info = self.ctx.state_seq_set_data(data, self.seq)
+        self.system = chat.get("system")
+        self.messages = [dict(m) for m in chat["messages"]]
+        self.cached = list(info.tokens() or [])
+        info.restore_sampler(self.sampler)
+        return info
+
+    def save_state(self, path: str | Path) -> int:
+        """Writes `state_data()` to a file atomically; returns the bytes written."""
+        return write_atomic(path, self.state_data())
+
+    def load_state(self, path: str | Path) -> StateInfo:
+        """Resumes the conversation saved in a file by `save_state`."""
+        return self.restore_data(read_file(path))

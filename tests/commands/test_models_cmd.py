@@ -6,12 +6,12 @@ import hashlib
 import zipfile
 from pathlib import Path
 
-import kvtool.commands.models  # noqa: F401  (registers `models` on the app)
 import pytest
-from kvtool.commands import app
 from typer.testing import CliRunner
 
+import kvtool.commands.models  # noqa: F401  (registers `models` on the app)
 from kvtool import registry
+from kvtool.commands import app
 from kvtool.errors import ModelLoadError
 from kvtool.registry import KnownModel, WheelPart
 

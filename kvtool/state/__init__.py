@@ -1,0 +1,30 @@
+"""State save/load (llama_state_*): containers, per-memory-kind parts, files, a SQLite store.
+
+The format is specified in docs/state-format.md. `kvtool.Context.state_*` are the entry
+points; this package also offers what needs no context (inspecting a file, the store)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvtool.state.codec import inspect
+from kvtool.state.files import read_file, write_atomic
+from kvtool.state.header import SeqInfo, StateInfo
+from kvtool.state.store import ConversationRecord, ConversationStore
+
+
+def inspect_state(path: str | Path) -> StateInfo:
+    """Reads and verifies a state file (format, version, checksum) without loading a model."""
+    return inspect(read_file(path))
+
+
+__all__ = [
+    "ConversationRecord",
+    "ConversationStore",
+    "SeqInfo",
+    "StateInfo",
+    "inspect",
+    "inspect_state",
+    "read_file",
+    "write_atomic",
+]

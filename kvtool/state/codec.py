@@ -1,0 +1,162 @@
+"""Whole states: a context's (every sequence + the last logits) or one sequence's, to bytes and
+back. `Context.state_*` delegate here; a load validates everything before it changes anything."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from kvtool.errors import StateError
+from kvtool.state import memory_state, sampler_state
+from kvtool.state.container import FORMAT, VERSION, Array, RawTensor, read_container, write_container
+from kvtool.state.header import StateInfo, check_model, model_identity, parse_seqs
+
+if TYPE_CHECKING:
+    from kvtool.model import Model
+    from kvtool.sampling import Sampler
+
+Tokens = Mapping[int, Sequence[int]] | Sequence[int] | None
+
+
+@dataclass
+class Loaded:
+    """A committed load: what the state held, and (context states) the logits to put back."""
+
+    info: StateInfo
+    logits: torch.Tensor | None
+    out_row: np.ndarray | None
+
+
+def _seq_tokens(tokens: Tokens, seqs: list[int]) -> dict[int, list[int]]:
+    if tokens is None:
+        return {}
+    if isinstance(tokens, Mapping):
+        return {int(s): [int(t) for t in ts] for s, ts in tokens.items()}
+    if len(seqs) != 1:
+        raise StateError("a plain token list needs a state of exactly one sequence (give a dict seq -> ids)")
+    return {seqs[0]: [int(t) for t in tokens]}
+
+
+def encode(
+    model: Model,
+    memory: object,
+    seq: int | None,
+    tokens: Tokens = None,
+    sampler: Sampler | None = None,
+    app: Mapping[str, Any] | None = None,
+    logits: torch.Tensor | None = None,
+    out_row: np.ndarray | None = None,
+) -> bytes:
+    """The container of a context state (seq None) or of sequence `seq`."""
+    layout, tensors, counts = memory_state.write_memory(memory, seq)
+    present = sorted(counts) if seq is None else [seq]
+    toks = _seq_tokens(tokens, present)
+    seqs = [
+        {
+            "seq_id": s,
+            "n_cells": counts.get(s, 0),
+            "pos_min": int(memory.seq_pos_min(s)),  # type: ignore[attr-defined]
+            "pos_max": int(memory.seq_pos_max(s)),  # type: ignore[attr-defined]
+            "tokens": toks.get(s),
+        }
+        for s in present
+    ]
+    out: dict[str, Array] = dict(tensors)
+    n_outputs = 0
+    if seq is None and logits is not None and out_row is not None:
+        out["context.logits"] = logits.detach().to("cpu", torch.float32).contiguous()
+        out["context.out_row"] = np.asarray(out_row, dtype=np.int64)
+        n_outputs = int(logits.shape[0])
+    samp = None
+    if sampler is not None:
+        samp, rng = sampler_state.capture(sampler)
+        out["sampler.rng"] = rng
+    state = {
+        "format": FORMAT,
+        "version": VERSION,
+        "kind": "context" if seq is None else "sequence",
+        "model": model_identity(model),
+        "memory": layout,
+        "seqs": seqs,
+        "n_outputs": n_outputs,
+        "sampler": samp,
+        "app": None if app is None else dict(app),
+    }
+    return write_container(state, out)
+
+
+def _info(state: dict[str, Any], tensors: dict[str, RawTensor], n_bytes: int) -> StateInfo:
+    try:
+        kind, n_outputs, samp, app = state["kind"], state["n_outputs"], state["sampler"], state["app"]
+        memory, model = state["memory"], state["model"]
+        assert kind in ("context", "sequence") and isinstance(n_outputs, int)
+        assert isinstance(memory, dict) and isinstance(model, dict) and (app is None or isinstance(app, dict))
+    except (KeyError, AssertionError):
+        raise StateError("corrupted state: bad header fields") from None
+    rng = tensors.get("sampler.rng")
+    if samp is not None:
+        sampler_state.check(samp, b"" if rng is None else bytes(rng.data))
+    sizes: dict[str, int] = {}
+    for name, t in tensors.items():
+        group = "kv" if name.startswith("memory.") else name.split(".")[0]
+        sizes[group] = sizes.get(group, 0) + len(t.data)
+    return StateInfo(
+        kind=kind,
+        version=state["version"],
+        model=model,
+        memory=memory,
+        seqs=parse_seqs(state.get("seqs")),
+        n_outputs=n_outputs,
+        sampler=samp,
+        app=app,
+        n_bytes=n_bytes,
+        tensor_bytes=sizes,
+        sampler_rng=None if rng is None else bytes(rng.data),
+    )
+
+
+def inspect(data: bytes | memoryview) -> StateInfo:
+    """Reads and verifies a state (format, version, checksum) without a model."""
+    state, tensors = read_container(data)
+    return _info(state, tensors, len(data))
+
+
+def _logits(info: StateInfo, tensors: dict[str, RawTensor], n_vocab: int) -> tuple[torch.Tensor, np.ndarray]:
+    lg, rows = tensors.pop("context.logits", None), tensors.pop("context.out_row", None)
+    n = info.n_outputs
+    if n == 0 and lg is None and rows is None:
+        return torch.empty(0, n_vocab), np.zeros(0, dtype=np.int64)
+    if lg is None or rows is None or lg.dtype != "F32" or lg.shape != (n, n_vocab):
+        raise StateError("corrupted state: bad logits")
+    if rows.dtype != "I64" or len(rows.shape) != 1:
+        raise StateError("corrupted state: bad output rows")
+    out_row = rows.numpy()
+    if ((out_row < -1) | (out_row >= n)).any():
+        raise StateError("corrupted state: bad output rows")
+    return lg.torch(), out_row
+
+
+def decode(model: Model, memory: object, data: bytes | memoryview, seq: int | None) -> Loaded:
+    """Validates a state against the model and memory, then restores it (seq None: the whole
+    context, replacing every sequence; else the saved sequence becomes `seq`, replacing it).
+    On any error nothing has changed."""
+    state, tensors = read_container(data)
+    info = _info(state, tensors, len(data))
+    if seq is None and info.kind != "context":
+        raise StateError("this is a sequence state: load it into a sequence (give a sequence id)")
+    if seq is not None and info.kind != "sequence":
+        raise StateError("this is a whole-context state: load it without a sequence id")
+    check_model(info.model, model)
+    pool = dict(tensors)
+    pool.pop("sampler.rng", None)
+    logits, out_row = _logits(info, pool, model.n_vocab) if seq is None else (None, None)
+    commits = memory_state.plan_read(memory, info.memory, pool, seq)
+    if pool:
+        raise StateError(f"corrupted state: unexpected tensors {sorted(pool)[:3]}")
+    for commit in commits:
+        commit()
+    return Loaded(info, logits, out_row)

@@ -1,0 +1,142 @@
+"""The state header: model identity, per-sequence summary, and what a reader gets back."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvtool.errors import StateError
+from kvtool.state.container import canonical
+
+if TYPE_CHECKING:
+    from kvtool.model import Model
+    from kvtool.sampling import Sampler
+
+_SAMPLE = 64 << 10
+
+
+def content_hash(path: Path) -> str:
+    """SHA-256 of the file size, its first and its last 64 KiB: tells apart models whose tensor
+    names and shapes agree (a fine-tune, another seed) without reading the whole file."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(_SAMPLE))
+        f.seek(max(0, size - _SAMPLE))
+        h.update(f.read(_SAMPLE))
+    return h.hexdigest()[:32]
+
+
+def plain(obj: object) -> Any:
+    """`obj` as JSON values (hyper-parameters may hold numpy scalars, tuples or sets)."""
+    if isinstance(obj, dict):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [plain(v) for v in obj]
+    if isinstance(obj, set | frozenset):
+        return sorted(plain(v) for v in obj)
+    if isinstance(obj, np.ndarray | np.generic):
+        return plain(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return plain(dataclasses.asdict(obj))
+    return str(obj)
+
+
+def model_identity(model: Model) -> dict[str, Any]:
+    """What a state records of the model it was made with."""
+    return {
+        "arch": model.arch,
+        "name": model.name,
+        "fingerprint": model.fingerprint,
+        "content": content_hash(model.path),
+        "n_vocab": model.n_vocab,
+        "hparams": plain(dataclasses.asdict(model.hparams)),
+    }
+
+
+def check_model(saved: dict[str, Any], model: Model) -> None:
+    """Refuses a state made with another model (checks identity and shared hyper-parameters)."""
+    try:
+        mine = model_identity(model)
+        same = all(saved[k] == mine[k] for k in ("arch", "fingerprint", "content", "n_vocab"))
+        hp = saved["hparams"]
+        same = same and all(canonical(hp[k]) == canonical(v) for k, v in mine["hparams"].items() if k in hp)
+    except (KeyError, TypeError):
+        raise StateError("corrupted state: bad model section") from None
+    if not same:
+        raise StateError(
+            f"state was saved with another model ({saved.get('name')}, {saved.get('arch')}, "
+            f"fingerprint {str(saved.get('fingerprint'))[:12]}), not {model.name} "
+            f"({model.arch}, fingerprint {mine['fingerprint'][:12]})"
+        )
+
+
+@dataclass(frozen=True)
+class SeqInfo:
+    """One saved sequence: its cells, positions and (if the saver gave them) token ids."""
+
+    seq_id: int
+    n_cells: int
+    pos_min: int
+    pos_max: int
+    tokens: list[int] | None
+
+
+@dataclass(frozen=True)
+class StateInfo:
+    """What a state holds (returned by the load calls and by `inspect_state`).
+
+    kind: "context" (every sequence and the last logits) or "sequence" (one sequence).
+    memory: the memory layout it was saved from; app: what the application stored
+    (a chat keeps its messages there); sampler: seed, parameters and history, if saved."""
+
+    kind: str
+    version: int
+    model: dict[str, Any]
+    memory: dict[str, Any]
+    seqs: list[SeqInfo]
+    n_outputs: int
+    sampler: dict[str, Any] | None
+    app: dict[str, Any] | None
+    n_bytes: int
+    tensor_bytes: dict[str, int]
+    sampler_rng: bytes | None = None
+
+    def tokens(self, seq: int | None = None) -> list[int] | None:
+        """The token ids saved for `seq` (None: the only sequence of the state)."""
+        if seq is None:
+            return self.seqs[0].tokens if len(self.seqs) == 1 else None
+        return next((s.tokens for s in self.seqs if s.seq_id == seq), None)
+
+    def restore_sampler(self, sampler: Sampler) -> bool:
+        """Puts the saved random state and penalty history into `sampler`; False if none saved."""
+        from kvtool.state.sampler_state import restore
+
+        if self.sampler is None or self.sampler_rng is None:
+            return False
+        restore(sampler, self.sampler, self.sampler_rng)
+        return True
+
+
+def parse_seqs(raw: object) -> list[SeqInfo]:
+    try:
+        out = [
+            SeqInfo(int(s["seq_id"]), int(s["n_cells"]), int(s["pos_min"]), int(s["pos_max"]), s["tokens"])
+            for s in raw  # type: ignore[attr-defined]
+        ]
+    except (KeyError, TypeError, ValueError):
+        raise StateError("corrupted state: bad sequence list") from None
+    for s in out:
+        if s.tokens is not None and not all(isinstance(t, int) for t in s.tokens):
+            raise StateError("corrupted state: bad token ids")
+    return out

@@ -1,0 +1,48 @@
+"""A sampler's state in a state file: seed, parameters, penalty history, random generator.
+
+Sampler has no public state accessors yet, so this module is the one place that reads its
+internals (its generator, history and seed)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from kvtool.errors import StateError
+from kvtool.sampling import Sampler
+
+
+def capture(sampler: Sampler) -> tuple[dict[str, Any], torch.Tensor]:
+    """(header section, generator state as uint8 [n])."""
+    head = {
+        "seed": sampler.seed,
+        "params": dataclasses.asdict(sampler.params),
+        "history": [int(t) for t in sampler._history],
+    }
+    return head, sampler._generator.get_state()
+
+
+def check(head: Any, rng: bytes) -> None:
+    """Refuses a malformed sampler section (at load, before anything changes)."""
+    ok = (
+        isinstance(head, dict)
+        and isinstance(head.get("seed"), int)
+        and isinstance(head.get("params"), dict)
+        and isinstance(head.get("history"), list)
+        and all(isinstance(t, int) for t in head["history"])
+    )
+    if not ok or len(rng) != len(torch.Generator().get_state()):
+        raise StateError("corrupted state: bad sampler section")
+
+
+def restore(sampler: Sampler, head: dict[str, Any], rng: bytes) -> None:
+    """Continues `sampler` exactly where the saved one stopped (its own parameters stay)."""
+    check(head, rng)
+    sampler._seed = head["seed"]
+    sampler._generator.set_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
+    sampler._history.clear()
+    sampler._counts.clear()
+    for t in head["history"]:
+        sampler.accept(t)
