@@ -41,6 +41,9 @@ def run(
     seed: Annotated[int, typer.Option("-s", "--seed", help="RNG seed (-1: random).")] = -1,
     system: Annotated[str | None, typer.Option("-sys", "--system", help="System message.")] = None,
     no_chat: Annotated[bool, typer.Option("--no-chat", help="Raw completion, no chat template.")] = False,
+    ignore_eos: Annotated[
+        bool, typer.Option("--ignore-eos", help="Never stop at end-of-generation tokens.")
+    ] = False,
     jinja: Annotated[
         bool, typer.Option("--jinja", help="Render the GGUF's own Jinja chat template.")
     ] = False,
@@ -91,7 +94,9 @@ def run(
     )
 
     def new_session(seq: int) -> kvtool.ChatSession:
-        return kvtool.ChatSession(ctx, kvtool.Sampler(sp), system=system, seq=seq, use_template=not no_chat)
+        s = kvtool.ChatSession(ctx, kvtool.Sampler(sp), system=system, seq=seq, use_template=not no_chat)
+        s.ignore_eos = ignore_eos
+        return s
 
     keeper = _Keeper(ctx, new_session, session_file, store, conversation)
     if verbose:

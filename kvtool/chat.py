@@ -62,6 +62,7 @@ class ChatSession:
         self.system = system
         self.seq = seq
         self.use_template = use_template
+        self.ignore_eos = False  # llama.cpp's --ignore-eos: end-of-generation tokens are banned
         self.messages: list[dict[str, str]] = []
         self.cached: list[int] = []  # tokens of `seq` in the memory, positions 0..n-1
         self.timings = Timings()
@@ -119,7 +120,15 @@ class ChatSession:
                     on_text(piece)
 
         gen = generate(
-            self.ctx, self.sampler, logits, len(self.cached), n_predict, emit, self.seq, self.timings
+            self.ctx,
+            self.sampler,
+            logits,
+            len(self.cached),
+            n_predict,
+            emit,
+            self.seq,
+            self.timings,
+            ignore_eos=self.ignore_eos,
         )
         tail = stream.flush()
         if tail:

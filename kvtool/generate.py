@@ -86,15 +86,20 @@ def generate(
     on_token: Callable[[int], None] | None = None,
     seq: int = 0,
     timings: Timings | None = None,
+    ignore_eos: bool = False,
 ) -> Generation:
     """Samples until end of generation, n_predict tokens (-1: no limit) or a full context.
-    Every accepted token except an end-of-generation one is decoded into the memory."""
+    Every accepted token except an end-of-generation one is decoded into the memory.
+    `ignore_eos` bans end-of-generation tokens (llama.cpp's --ignore-eos)."""
     model = ctx.model
+    banned = torch.tensor(sorted(model.vocab.eog_ids), dtype=torch.long) if ignore_eos else None
     out: list[int] = []
     t0 = time.perf_counter()
     stop = "length"
     try:
         while n_predict < 0 or len(out) < n_predict:
+            if banned is not None:
+                logits = logits.index_fill(0, banned, float("-inf"))
             tok = sampler.sample(logits)
             sampler.accept(tok)
             if model.is_eog(tok):

@@ -215,6 +215,11 @@ class Vocab:
         """End of generation: eos, eot, eom and end-of-turn tokens found by their text."""
         return token in self._eog
 
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        """Every end-of-generation token id."""
+        return frozenset(self._eog)
+
     def is_control(self, token: int) -> bool:
         """A control token (`<|im_start|>`, `<bos>`, ...)."""
         return bool(self._attrs[token] & Attr.CONTROL)

@@ -30,9 +30,8 @@ def test_piped_chat_reads_turns_until_eof(tiny_llama_path: Path) -> None:
 
 
 def test_context_full_is_one_line(tiny_llama_path: Path) -> None:
-    r = run(
-        ["run", "-m", str(tiny_llama_path), "-n", "-1", "-c", "256", "--temp", "0", "--no-chat", "-p", "hi"]
-    )
+    args = ["-n", "-1", "-c", "256", "--temp", "0", "--no-chat", "--ignore-eos", "-p", "hi"]
+    r = run(["run", "-m", str(tiny_llama_path), *args])
     assert r.returncode == 0, r.stderr
     assert "context full" in r.stderr
     assert "Traceback" not in r.stderr
