@@ -195,7 +195,7 @@ class BatchAllocator:
     def split_reset(self) -> None:
         self.used[:] = False
 
-    def _ubatch(self, idxs: Sequence[int], n_seq_tokens: int, n_seqs: int, equal: bool) -> UBatch:
+    def _ubatch(self, idxs: np.ndarray, n_seq_tokens: int, n_seqs: int, equal: bool) -> UBatch:
         ix = np.asarray(idxs, dtype=np.int64)
         self.used[ix] = True
         seq_unq: list[int] = []

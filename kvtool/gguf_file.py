@@ -24,7 +24,7 @@ from kvtool.errors import ModelLoadError
 from kvtool.kernels.dequant import dequantize
 
 _MISSING = object()
-_SCALARS = {
+_SCALARS: dict[int, str] = {
     GGUFValueType.UINT8: "<B",
     GGUFValueType.INT8: "<b",
     GGUFValueType.UINT16: "<H",
@@ -37,7 +37,7 @@ _SCALARS = {
     GGUFValueType.INT64: "<q",
     GGUFValueType.FLOAT64: "<d",
 }
-_NUMPY = {t: np.dtype(f) for t, f in _SCALARS.items()}
+_NUMPY: dict[int, np.dtype] = {t: np.dtype(f) for t, f in _SCALARS.items()}
 
 
 @dataclass(frozen=True)

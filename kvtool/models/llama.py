@@ -44,9 +44,8 @@ class LlamaModel:
         self.hp = hp
         self.tok_embd = f.tensor("token_embd.weight")  # [n_vocab, n_embd]
         self.output_norm = f.tensor("output_norm.weight")
-        self.output = _opt(f, "output.weight")
-        if self.output is None:
-            self.output = self.tok_embd  # tied embeddings
+        out = _opt(f, "output.weight")
+        self.output: torch.Tensor = self.tok_embd if out is None else out  # tied embeddings if absent
         self.layers = [
             LlamaLayer(
                 attn_norm=f.tensor(f"blk.{il}.attn_norm.weight"),
