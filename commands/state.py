@@ -14,9 +14,9 @@ from rich.console import Console
 from rich.table import Table
 
 import kvtool
+from kvtool import ConversationStore, StateInfo, inspect_state
 from kvtool.commands import app
 from kvtool.commands.common import ModelOpt, load_model_with_status
-from kvtool.state import ConversationStore, StateInfo, inspect_state
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 state_app = typer.Typer(

@@ -1,0 +1,70 @@
+"""The texts of the parallel simulation: a system transcript in llama-parallel's plain
+"User:/Assistant:" format, built-in questions, filler turns, and the per-request draw."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+SYSTEM_PROMPT = "\n".join(
+    [
+        "A conversation between a curious User and an Assistant.",
+        "The Assistant answers every question briefly, accurately and politely, in plain English, "
+        "and never refuses a reasonable request.",
+        "",
+        "User:",
+        "What is the boiling point of water at sea level?",
+        "Assistant:",
+        "Water boils at 100 degrees Celsius, which is 212 degrees Fahrenheit, at sea level. Higher up "
+        "a mountain the air pressure is lower, so water boils at a lower temperature and food takes "
+        "longer to cook.",
+        "User:",
+        "Who wrote the play Hamlet?",
+        "Assistant:",
+        "Hamlet was written by William Shakespeare around the year 1600. It is one of his longest plays "
+        "and follows a Danish prince who sets out to avenge his father's murder, with tragic results "
+        "for nearly everyone involved.",
+        "",
+    ]
+)
+
+QUESTIONS = (
+    "What causes the seasons on Earth?",
+    "How do airplanes stay in the air?",
+    "Give me three tips for a good night's sleep.",
+    "Why is the sky blue?",
+    "What is a prime number? Give a few examples.",
+    "How does a refrigerator keep food cold?",
+    "Suggest a name for a friendly kitchen robot.",
+    "What should I pack for a weekend hiking trip?",
+    "Explain what a black hole is in simple words.",
+    "What is the difference between weather and climate?",
+)
+
+# Filler turns inserted before the question (--junk), to make prompts longer.
+JUNK = (
+    ("How many legs does a spider have?", "A spider has eight legs."),
+    ("What is the largest ocean?", "The Pacific is the largest ocean on Earth."),
+    ("Which planet is closest to the Sun?", "Mercury is the planet closest to the Sun."),
+    ("What do bees make?", "Bees make honey and beeswax."),
+    ("How many days are in a leap year?", "A leap year has 366 days."),
+)
+
+Request = tuple[str, int, list[tuple[str, str]]]
+
+
+def pick_requests(prompts: Sequence[str], n_sequences: int, n_junk: int, seed: int) -> list[Request]:
+    """The question, junk count and junk turns of every request, drawn in request order (a
+    fixed seed, like llama-parallel's srand(1234), so runs are comparable)."""
+    rng = random.Random(seed)
+    out: list[Request] = []
+    for _ in range(n_sequences):
+        question = prompts[rng.randrange(len(prompts))]
+        k = rng.randrange(max(1, n_junk))
+        out.append((question, k, [JUNK[rng.randrange(len(JUNK))] for _ in range(k)]))
+    return out
+
+
+def read_prompts(text: str) -> list[str]:
+    """Questions from a file's text: one per non-empty line."""
+    return [line.strip() for line in text.splitlines() if line.strip()]

@@ -1,0 +1,100 @@
+"""`kvtool parallel` through the CLI: local runs on the tiny model (lines per request, the
+summary, --json), questions from a file, and --server against a local SSE server."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import kvtool
+import kvtool.commands.batched_bench
+import kvtool.commands.bench
+import kvtool.commands.parallel
+from kvtool.commands import app
+from tests.helpers.sse_server import ServerLog, sse_server
+
+runner = CliRunner()
+DONE = re.compile(
+    r"^Client +(\d+), seq +(\d+)/ *(\d+), prompt +(\d+) t, response +(\d+) t, time .* cache miss (\d+)"
+)
+
+
+def run(*args: str, code: int = 0):  # type: ignore[no-untyped-def]
+    result = runner.invoke(app, ["parallel", "--no-progress", *args])
+    assert result.exit_code == code, result.output
+    return result
+
+
+def summary_numbers(out: str) -> dict[str, int]:
+    return {
+        "prompt": int(re.search(r"^Total prompt tokens: +(\d+), speed: +[\d.]+ t/s$", out, re.M)[1]),
+        "gen": int(re.search(r"^Total gen tokens: +(\d+), speed: +[\d.]+ t/s$", out, re.M)[1]),
+        "miss": int(re.search(r"^Cache misses: +(\d+)$", out, re.M)[1]),
+    }
+
+
+@pytest.mark.parametrize("flags", [["-pps"], ["-pps", "-kvu", "-nocb"]])
+def test_local_run_lines_summary_and_json(tiny_llama_path: Path, tmp_path: Path, flags: list[str]) -> None:
+    js = tmp_path / "run.json"
+    args = ["-m", str(tiny_llama_path), "-np", "2", "-ns", "5", "-n", "4", "-s", "1", "--json", str(js)]
+    out = run(*args, *flags).stdout
+    done = [DONE.match(ln) for ln in out.splitlines() if DONE.match(ln)]
+    assert sorted(int(d[2]) for d in done) == list(range(5)) and {d[3] for d in done} == {"5"}
+    assert {int(d[1]) for d in done} == {0, 1}  # both clients served, and reused
+    assert len(re.findall(r"started decoding \.\.\.$", out, re.M)) == 5
+    assert out.count("Input:    ") == 5 and out.count("Response: ") == 5
+    nums = summary_numbers(out)
+    assert nums["prompt"] == sum(int(d[4]) for d in done) and nums["gen"] == sum(int(d[5]) for d in done)
+    assert "n_parallel = 2, n_sequences = 5" in out and "used built-in defaults" in out
+    doc = json.loads(js.read_text())
+    assert doc["mode"] == "local" and doc["shared_system"] is True and doc["kv_unified"] == ("-kvu" in flags)
+    assert doc["cont_batching"] == ("-nocb" not in flags)
+    assert len(doc["records"]) == 5 and doc["n_prompt"] == nums["prompt"] and doc["n_gen"] == nums["gen"]
+    assert all(3 <= r["n_decoded"] <= 4 for r in doc["records"]) and doc["n_cache_miss"] == nums["miss"] == 0
+
+
+def test_questions_from_a_file_without_shared_system(tiny_llama_path: Path, tmp_path: Path) -> None:
+    qs = tmp_path / "q.txt"
+    qs.write_text("Is it raining?\n\nWhat time is it?\n")
+    out = run("-m", str(tiny_llama_path), "-np", "2", "-ns", "2", "-n", "3", "-f", str(qs)).stdout
+    assert "  1 prompt: Is it raining?" in out and "  2 prompt: What time is it?" in out
+    inputs = re.findall(r"^Input:    (.*)$", out, re.M)
+    assert len(inputs) == 2 and set(inputs) <= {"Is it raining?", "What time is it?"}
+    n_sys = int(re.search(r"system tokens = (\d+)", out)[1])
+    prompts = [int(m.group(4)) for ln in out.splitlines() if (m := DONE.match(ln))]
+    assert all(p > n_sys for p in prompts)  # each prompt carries the system transcript
+
+
+def test_a_context_too_small_is_an_error(tiny_llama_path: Path) -> None:
+    args = ["parallel", "--no-progress", "-m", str(tiny_llama_path), "-c", "256", "-np", "1"]
+    result = runner.invoke(app, args)
+    assert isinstance(result.exception, kvtool.DecodeError)
+    assert "n_batch = 1" in str(result.exception)
+
+
+def test_server_mode(tmp_path: Path) -> None:
+    log = ServerLog(barrier=threading.Barrier(3))
+    js = tmp_path / "server.json"
+    with sse_server(log) as url:
+        args = ["--server", url, "-m", "remote", "-np", "3", "-ns", "6", "-n", "4", "--json", str(js)]
+        out = run(*args).stdout
+    assert log.peak == 3 and len(log.bodies) == 6
+    done = [DONE.match(ln) for ln in out.splitlines() if DONE.match(ln)]
+    assert sorted(int(d[2]) for d in done) == list(range(6))
+    assert all(int(d[5]) == 4 for d in done)
+    nums = summary_numbers(out)
+    assert nums["gen"] == 24 and nums["prompt"] == sum(int(d[4]) for d in done) > 0
+    doc = json.loads(js.read_text())
+    assert doc["mode"] == "server" and all(r["ttft"] is not None for r in doc["records"])
+    assert {b["model"] for b in log.bodies} == {"remote"}
+
+
+def test_server_failures_exit_nonzero(tmp_path: Path) -> None:
+    with sse_server(ServerLog(fail_every=3)) as url:
+        result = run("--server", url, "-np", "1", "-ns", "3", "-n", "2", code=1)
+    assert "HTTP 500" in result.stdout and re.search(r"^Failed requests: +1$", result.stdout, re.M)
