@@ -22,7 +22,7 @@ from kvtool import (
     threads_in_use,
 )
 from kvtool.commands import app
-from kvtool.commands.common import ModelOpt, load_model_with_status
+from kvtool.commands.common import ModelOpt, SwaFullOpt, load_model_with_status
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -73,6 +73,7 @@ def batched_bench(
     tgs: Annotated[
         bool, typer.Option("-tgs", "--tg-separate", help="Generate for one sequence at a time.")
     ] = False,
+    swa_full: SwaFullOpt = False,
     kv_unified: Annotated[
         bool, typer.Option("-kvu", "--kv-unified", help="One KV buffer for all sequences.")
     ] = False,
@@ -101,6 +102,7 @@ def batched_bench(
         n_ubatch=ubatch_size,
         n_seq_max=max(pl_list),  # every sequence of the largest B needs an id
         kv_unified=kv_unified,
+        swa_full=swa_full,
         n_threads=threads,
     )
     with warnings.catch_warnings():  # the geometry (n_ctx_seq) is printed below

@@ -29,7 +29,7 @@ from kvtool import (
     threads_in_use,
 )
 from kvtool.commands import app
-from kvtool.commands.common import load_model_with_status
+from kvtool.commands.common import SwaFullOpt, load_model_with_status
 
 err = Console(stderr=True, highlight=False)
 
@@ -230,7 +230,9 @@ def _phase_updater(progress: Progress, task: TaskID, label: str, reps: int) -> C
 _DEFAULTS = {"n_batch": [2048], "n_ubatch": [512], "type_k": ["f32"], "type_v": ["f32"]}
 
 
-def _context(m: kvtool.Model, inst: Instance, test: BenchTest, kv_unified: bool) -> kvtool.Context:
+def _context(
+    m: kvtool.Model, inst: Instance, test: BenchTest, kv_unified: bool, swa_full: bool = False
+) -> kvtool.Context:
     """A fresh context just large enough for the test, as llama-bench makes one per test."""
     params = kvtool.ContextParams(
         n_ctx=test.n_ctx,
@@ -238,6 +240,7 @@ def _context(m: kvtool.Model, inst: Instance, test: BenchTest, kv_unified: bool)
         n_ubatch=inst.n_ubatch,
         n_seq_max=1,
         kv_unified=kv_unified,
+        swa_full=swa_full,
         type_k=inst.type_k,
         type_v=inst.type_v,
         n_threads=inst.n_threads,
@@ -261,6 +264,7 @@ def bench(
     threads: Annotated[ListOpt, typer.Option("-t", "--threads", help="CPU threads.")] = None,
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Runs of each test.")] = 5,
     kv_unified: Annotated[bool, typer.Option("-kvu", "--kv-unified", help="One KV buffer.")] = False,
+    swa_full: SwaFullOpt = False,
     output: Annotated[str, typer.Option("-o", "--output", help="md, csv, json or jsonl.")] = "md",
     output_err: Annotated[
         str | None, typer.Option("-oe", "--output-err", help="Also print this format on stderr.")
@@ -315,7 +319,9 @@ def bench(
                 done += 1
                 label = f"benchmark {done}/{n_jobs}: {test.name}"
                 phase = _phase_updater(progress, task, label, reps)
-                r = run_bench_test(_context(m, inst, test, kv_unified), test, reps, rng, not no_warmup, phase)
+                r = run_bench_test(
+                    _context(m, inst, test, kv_unified, swa_full), test, reps, rng, not no_warmup, phase
+                )
                 for pr in printers:
                     pr.test(record(r, inst, m, kv_unified), test.name, r.samples_ns, r.samples_ts)
                 progress.advance(task)

@@ -20,3 +20,9 @@ def load_model_with_status(name_or_path: str, console: Console) -> kvtool.Model:
     path = kvtool.resolve_model(name_or_path)
     with console.status(f"loading {path.name}", spinner="dots"):
         return kvtool.Model(path)
+
+
+SwaFullOpt = Annotated[
+    bool,
+    typer.Option("--swa-full", help="Full-size sliding-window caches (no cell reuse outside the window)."),
+]

@@ -31,7 +31,7 @@ from kvtool import (
     read_prompts,
 )
 from kvtool.commands import app
-from kvtool.commands.common import ModelOpt, load_model_with_status
+from kvtool.commands.common import ModelOpt, SwaFullOpt, load_model_with_status
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False, soft_wrap=True)
@@ -124,6 +124,7 @@ def parallel(
             help="A client takes its next request inside the running batch (else: waves).",
         ),
     ] = True,
+    swa_full: SwaFullOpt = False,
     kv_unified: Annotated[
         bool, typer.Option("-kvu", "--kv-unified", help="One KV buffer for all sequences.")
     ] = False,
@@ -174,6 +175,7 @@ def parallel(
             n_ubatch=ubatch_size,
             n_seq_max=n_parallel + 1,  # sequence 0 holds the system prompt
             kv_unified=kv_unified,
+            swa_full=swa_full,
             n_threads=threads,
         )
         with warnings.catch_warnings():  # the geometry (n_ctx_seq) is printed below

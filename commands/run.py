@@ -13,7 +13,7 @@ from rich.console import Console
 import kvtool
 from kvtool import ConversationPool, ConversationStore
 from kvtool.commands import app
-from kvtool.commands.common import ModelOpt, load_model_with_status
+from kvtool.commands.common import ModelOpt, SwaFullOpt, load_model_with_status
 
 err = Console(stderr=True, highlight=False)
 
@@ -46,6 +46,7 @@ def run(
     jinja: Annotated[
         bool, typer.Option("--jinja", help="Render the GGUF's own Jinja chat template.")
     ] = False,
+    swa_full: SwaFullOpt = False,
     kv_unified: Annotated[
         bool, typer.Option("-kvu", "--kv-unified", help="One KV buffer for all sequences.")
     ] = False,
@@ -79,6 +80,7 @@ def run(
             n_ubatch=ubatch_size,
             n_seq_max=parallel or (4 if store is not None else 1),
             kv_unified=kv_unified,
+            swa_full=swa_full,
             n_threads=threads,
         ),
     )

@@ -16,7 +16,7 @@ from rich.table import Table
 import kvtool
 from kvtool import ConversationStore, StateInfo, inspect_state
 from kvtool.commands import app
-from kvtool.commands.common import ModelOpt, load_model_with_status
+from kvtool.commands.common import ModelOpt, SwaFullOpt, load_model_with_status
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 state_app = typer.Typer(
@@ -35,11 +35,16 @@ SeqOpt = Annotated[
 
 
 def _context(
-    m: kvtool.Model, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int, unified: bool
+    m: kvtool.Model, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int, unified: bool, swa_full: bool
 ) -> kvtool.Context:
     n_ctx = -(-n_ctx // n_seq_max) * n_seq_max  # split evenly over the sequences (no warning)
     params = kvtool.ContextParams(
-        n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max, kv_unified=unified
+        n_ctx=n_ctx,
+        n_batch=n_batch,
+        n_ubatch=n_ubatch,
+        n_seq_max=n_seq_max,
+        kv_unified=unified,
+        swa_full=swa_full,
     )
     return kvtool.Context(m, params)
 
@@ -54,11 +59,12 @@ def save(
     batch_size: BatchOpt = 2048,
     ubatch_size: UBatchOpt = 512,
     kv_unified: UnifiedOpt = False,
+    swa_full: SwaFullOpt = False,
 ) -> None:
     """Decode the prompt (raw text, no chat template) and save the state atomically."""
     m = load_model_with_status(model, err)
     s = 0 if seq is None else seq
-    ctx = _context(m, ctx_size, batch_size, ubatch_size, s + 1, kv_unified)
+    ctx = _context(m, ctx_size, batch_size, ubatch_size, s + 1, kv_unified, swa_full)
     ids = m.tokenize(prompt, add_special=True, parse_special=False)
     kvtool.decode_tokens(ctx, ids, s, 0)
     n = ctx.state_save_file(output, seq, tokens={s: ids})
@@ -83,6 +89,7 @@ def load(
     batch_size: BatchOpt = 2048,
     ubatch_size: UBatchOpt = 512,
     kv_unified: UnifiedOpt = False,
+    swa_full: SwaFullOpt = False,
 ) -> None:
     """Restore a state and print the continuation on stdout (greedy unless --temp > 0)."""
     info = inspect_state(input)
@@ -92,7 +99,7 @@ def load(
     s = seq if seq is not None else (saved[0] if info.kind == "context" and saved else 0)
     m = load_model_with_status(model, err)
     n_seq_max = max([s, *saved]) + 1 if info.kind == "context" else s + 1
-    ctx = _context(m, ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified)
+    ctx = _context(m, ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full)
     info = ctx.state_load_file(input, None if info.kind == "context" else s)
     sampler = kvtool.Sampler(kvtool.SamplerParams(seed=seed, temp=temp))
     if seed == -1:

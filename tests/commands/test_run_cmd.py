@@ -75,3 +75,14 @@ def test_unknown_model_name() -> None:
 def test_bad_flag_is_a_usage_error() -> None:
     r = run(["run", "--no-such-flag"])
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_swa_full_and_kv_modes_agree_on_gemma3() -> None:
+    gemma = Path(__file__).parent.parent / "data" / "tiny" / "models" / "tiny-gemma3.gguf"
+    base = ["run", "-m", str(gemma), "-n", "12", "--temp", "0", "--no-chat", "--ignore-eos", "-p", "hello world"]
+    outs = [run([*base, *extra]) for extra in ([], ["--swa-full"], ["--kv-unified"])]
+    for r in outs:
+        assert r.returncode == 0, r.stderr
+    assert outs[0].stdout == outs[1].stdout == outs[2].stdout
+    verbose = run([*base, "--verbose"])
+    assert "chat template: gemma" in verbose.stderr
