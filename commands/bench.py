@@ -31,7 +31,7 @@ from kvtool import (
 from kvtool.commands import app
 from kvtool.commands.common import SwaFullOpt, load_model_with_status
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 FIELDS = (
     "build_commit",

@@ -33,7 +33,7 @@ from kvtool import (
 from kvtool.commands import app
 from kvtool.commands.common import ModelOpt, SwaFullOpt, load_model_with_status
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 
 Sim = ParallelSim | HttpParallelSim

@@ -15,7 +15,7 @@ from kvtool import ConversationPool, ConversationStore
 from kvtool.commands import app
 from kvtool.commands.common import ModelOpt, SwaFullOpt, load_model_with_status
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 @app.command("run")
