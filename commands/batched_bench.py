@@ -22,7 +22,7 @@ from kvtool import (
     threads_in_use,
 )
 from kvtool.commands import app
-from kvtool.commands.common import ModelOpt, SwaFullOpt, load_model_with_status
+from kvtool.commands.common import KvUnifiedOpt, ModelOpt, SwaFullOpt, load_model_with_status
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -74,9 +74,7 @@ def batched_bench(
         bool, typer.Option("-tgs", "--tg-separate", help="Generate for one sequence at a time.")
     ] = False,
     swa_full: SwaFullOpt = False,
-    kv_unified: Annotated[
-        bool, typer.Option("-kvu", "--kv-unified", help="One KV buffer for all sequences.")
-    ] = False,
+    kv_unified: KvUnifiedOpt = False,
     threads: Annotated[int | None, typer.Option("-t", "--threads", help="CPU threads.")] = None,
     output_format: Annotated[
         str, typer.Option("--output-format", help="md (table) or jsonl (one object per row).")

@@ -29,7 +29,7 @@ from kvtool import (
     threads_in_use,
 )
 from kvtool.commands import app
-from kvtool.commands.common import SwaFullOpt, load_model_with_status
+from kvtool.commands.common import KvUnifiedOpt, SwaFullOpt, load_model_with_status
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -263,7 +263,7 @@ def bench(
     type_v: Annotated[ListOpt, typer.Option("-ctv", "--cache-type-v", help="f32, f16, bf16.")] = None,
     threads: Annotated[ListOpt, typer.Option("-t", "--threads", help="CPU threads.")] = None,
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Runs of each test.")] = 5,
-    kv_unified: Annotated[bool, typer.Option("-kvu", "--kv-unified", help="One KV buffer.")] = False,
+    kv_unified: KvUnifiedOpt = False,
     swa_full: SwaFullOpt = False,
     output: Annotated[str, typer.Option("-o", "--output", help="md, csv, json or jsonl.")] = "md",
     output_err: Annotated[

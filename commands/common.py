@@ -26,3 +26,10 @@ SwaFullOpt = Annotated[
     bool,
     typer.Option("--swa-full", help="Full-size sliding-window caches (no cell reuse outside the window)."),
 ]
+
+KvUnifiedOpt = Annotated[
+    bool,
+    typer.Option(
+        "-kvu", "--kv-unified", help="One KV buffer shared by all sequences (else one stream each)."
+    ),
+]

@@ -31,7 +31,7 @@ from kvtool import (
     read_prompts,
 )
 from kvtool.commands import app
-from kvtool.commands.common import ModelOpt, SwaFullOpt, load_model_with_status
+from kvtool.commands.common import KvUnifiedOpt, ModelOpt, SwaFullOpt, load_model_with_status
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
@@ -125,9 +125,7 @@ def parallel(
         ),
     ] = True,
     swa_full: SwaFullOpt = False,
-    kv_unified: Annotated[
-        bool, typer.Option("-kvu", "--kv-unified", help="One KV buffer for all sequences.")
-    ] = False,
+    kv_unified: KvUnifiedOpt = False,
     pps: Annotated[
         bool, typer.Option("-pps", help="Decode the system prompt once and seq_cp it to every client.")
     ] = False,

@@ -13,7 +13,7 @@ from rich.console import Console
 import kvtool
 from kvtool import ConversationPool, ConversationStore
 from kvtool.commands import app
-from kvtool.commands.common import ModelOpt, SwaFullOpt, load_model_with_status
+from kvtool.commands.common import KvUnifiedOpt, ModelOpt, SwaFullOpt, load_model_with_status
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -47,9 +47,7 @@ def run(
         bool, typer.Option("--jinja", help="Render the GGUF's own Jinja chat template.")
     ] = False,
     swa_full: SwaFullOpt = False,
-    kv_unified: Annotated[
-        bool, typer.Option("-kvu", "--kv-unified", help="One KV buffer for all sequences.")
-    ] = False,
+    kv_unified: KvUnifiedOpt = False,
     verbose: Annotated[
         bool, typer.Option("-v", "--verbose", help="Model, template and context details.")
     ] = False,

@@ -16,7 +16,7 @@ from rich.table import Table
 import kvtool
 from kvtool import ConversationStore, StateInfo, inspect_state
 from kvtool.commands import app
-from kvtool.commands.common import ModelOpt, SwaFullOpt, load_model_with_status
+from kvtool.commands.common import KvUnifiedOpt, ModelOpt, SwaFullOpt, load_model_with_status
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 state_app = typer.Typer(
@@ -28,7 +28,6 @@ app.add_typer(state_app, name="state")
 CtxOpt = Annotated[int, typer.Option("-c", "--ctx-size", help="Context size (0: the model's).")]
 BatchOpt = Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")]
 UBatchOpt = Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")]
-UnifiedOpt = Annotated[bool, typer.Option("-kvu", "--kv-unified", help="One KV buffer for all sequences.")]
 SeqOpt = Annotated[
     int | None, typer.Option("--seq", help="Save/restore one sequence (a sequence state) instead of all.")
 ]
@@ -58,7 +57,7 @@ def save(
     ctx_size: CtxOpt = 4096,
     batch_size: BatchOpt = 2048,
     ubatch_size: UBatchOpt = 512,
-    kv_unified: UnifiedOpt = False,
+    kv_unified: KvUnifiedOpt = False,
     swa_full: SwaFullOpt = False,
 ) -> None:
     """Decode the prompt (raw text, no chat template) and save the state atomically."""
@@ -88,7 +87,7 @@ def load(
     ctx_size: CtxOpt = 4096,
     batch_size: BatchOpt = 2048,
     ubatch_size: UBatchOpt = 512,
-    kv_unified: UnifiedOpt = False,
+    kv_unified: KvUnifiedOpt = False,
     swa_full: SwaFullOpt = False,
 ) -> None:
     """Restore a state and print the continuation on stdout (greedy unless --temp > 0)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from tests.helpers.tiny_gguf import spm_vocab
+from tests.helpers.tiny_gguf import add_spm_vocab, finish, random_weights
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,6 @@ class TinyGemma3:
 
 def write_tiny_gemma3(path: Path, cfg: TinyGemma3 = TinyGemma3()) -> Path:
     rng = np.random.default_rng(cfg.seed)
-    tokens, scores, types = spm_vocab()
-    n_vocab = len(tokens)
     hd = cfg.head_dim
     w = gguf.GGUFWriter(str(path), "gemma3")
     w.add_name("tiny-gemma3")
@@ -52,22 +50,8 @@ def write_tiny_gemma3(path: Path, cfg: TinyGemma3 = TinyGemma3()) -> Path:
         w.add_float32(f"{w.arch}.rope.freq_base_swa", cfg.rope_base_swa)
     if cfg.final_logit_softcapping is not None:
         w.add_final_logit_softcapping(cfg.final_logit_softcapping)
-    w.add_vocab_size(n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
-
-    def lin(n_out: int, n_in: int) -> np.ndarray:
-        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
-
-    def norm(n: int) -> np.ndarray:  # stored "as used": Gemma's +1 is already in
-        return (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32)
+    n_vocab = add_spm_vocab(w)
+    lin, norm = random_weights(rng)  # norms are stored "as used": Gemma's +1 is already in
 
     w.add_tensor("token_embd.weight", (0.2 * rng.standard_normal((n_vocab, cfg.n_embd))).astype(np.float32))
     for il in range(cfg.n_layer):
@@ -86,8 +70,4 @@ def write_tiny_gemma3(path: Path, cfg: TinyGemma3 = TinyGemma3()) -> Path:
         w.add_tensor(p + "ffn_down.weight", lin(cfg.n_embd, cfg.n_ff))
         w.add_tensor(p + "post_ffw_norm.weight", norm(cfg.n_embd))
     w.add_tensor("output_norm.weight", norm(cfg.n_embd))  # output is tied to token_embd
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish(w, path)

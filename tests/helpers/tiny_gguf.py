@@ -31,10 +31,44 @@ def spm_vocab() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
+def add_spm_vocab(w: gguf.GGUFWriter) -> int:
+    """The tiny SPM vocabulary and its special ids; returns n_vocab."""
+    tokens, scores, types = spm_vocab()
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    return len(tokens)
+
+
+def random_weights(rng: np.random.Generator) -> tuple:  # type: ignore[type-arg]
+    """lin(n_out, n_in): N(0, 1/n_in) weights; norm(n): 1 + N(0, 0.05^2), as the oracle models."""
+
+    def lin(n_out: int, n_in: int) -> np.ndarray:
+        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32)
+
+    return lin, norm
+
+
+def finish(w: gguf.GGUFWriter, path: Path) -> Path:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def write_tiny_llama(path: Path, cfg: TinyLlama = TinyLlama()) -> Path:
     rng = np.random.default_rng(cfg.seed)
-    tokens, scores, types = spm_vocab()
-    n_vocab = len(tokens)
     hd = cfg.n_embd // cfg.n_head
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("tiny-llama")
@@ -47,22 +81,8 @@ def write_tiny_llama(path: Path, cfg: TinyLlama = TinyLlama()) -> Path:
     w.add_rope_freq_base(cfg.rope_base)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(hd)
-    w.add_vocab_size(n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
-
-    def lin(n_out: int, n_in: int) -> np.ndarray:
-        return (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
-
-    def norm(n: int) -> np.ndarray:
-        return (1.0 + 0.05 * rng.standard_normal(n)).astype(np.float32)
+    n_vocab = add_spm_vocab(w)
+    lin, norm = random_weights(rng)
 
     w.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, cfg.n_embd)).astype(np.float32))
     for il in range(cfg.n_layer):
@@ -78,8 +98,4 @@ def write_tiny_llama(path: Path, cfg: TinyLlama = TinyLlama()) -> Path:
         w.add_tensor(p + "ffn_down.weight", lin(cfg.n_embd, cfg.n_ff))
     w.add_tensor("output_norm.weight", norm(cfg.n_embd))
     w.add_tensor("output.weight", lin(n_vocab, cfg.n_embd))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish(w, path)
