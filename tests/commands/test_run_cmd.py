@@ -79,7 +79,19 @@ def test_bad_flag_is_a_usage_error() -> None:
 
 def test_swa_full_and_kv_modes_agree_on_gemma3() -> None:
     gemma = Path(__file__).parent.parent / "data" / "tiny" / "models" / "tiny-gemma3.gguf"
-    base = ["run", "-m", str(gemma), "-n", "12", "--temp", "0", "--no-chat", "--ignore-eos", "-p", "hello world"]
+    base = [
+        "run",
+        "-m",
+        str(gemma),
+        "-n",
+        "12",
+        "--temp",
+        "0",
+        "--no-chat",
+        "--ignore-eos",
+        "-p",
+        "hello world",
+    ]
     outs = [run([*base, *extra]) for extra in ([], ["--swa-full"], ["--kv-unified"])]
     for r in outs:
         assert r.returncode == 0, r.stderr

@@ -126,8 +126,6 @@ def test_run_store_conversations_and_list(tiny_llama_path: Path, tmp_path: Path)
 
 @pytest.mark.real
 def test_smollm2_save_then_load_continues_like_an_uninterrupted_run(tmp_path: Path) -> None:
-    if not kvtool.is_present("smollm2"):
-        pytest.skip("smollm2 is not cached (kvtool models fetch smollm2)")
     f, p = str(tmp_path / "smol.kvs"), "The history of the printing press begins"
     want = cli("run", "-m", "smollm2", "-p", p, "-n", "24", "--no-chat", "--temp", "0", "-c", "512")
     cli("state", "save", "-m", "smollm2", "-p", p, "-o", f, "-c", "512")
