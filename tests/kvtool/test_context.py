@@ -173,3 +173,41 @@ def test_public_api_names() -> None:
         "SamplerParams",
     ]:
         assert hasattr(kvtool, name)
+
+
+@pytest.mark.parametrize("unified", [True, False])
+def test_attention_spans_cells_in_use_per_stream(tiny_llama, unified: bool, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """n_kv grows with the cells in use, not the cache size; split mode attends per stream."""
+    import kvtool.memory.kv_cache_context as kcc
+
+    seen = []
+    real = kcc.attention
+
+    def spy(q, k, v, mask, scale):  # type: ignore[no-untyped-def]
+        seen.append((tuple(q.shape[:2]), tuple(k.shape[:2])))
+        return real(q, k, v, mask, scale)
+
+    monkeypatch.setattr(kcc, "attention", spy)
+    ctx = Context(tiny_llama, ContextParams(n_ctx=1024, n_seq_max=4, kv_unified=unified))
+    b = Batch()
+    for s in range(4):
+        for i in range(5):
+            b.add(10 + i, i, [s], True)
+    ctx.decode(b)
+    n_layer = tiny_llama.hparams.n_layer
+    assert len(seen) == n_layer
+    if unified:
+        assert seen[0] == ((1, 20), (1, 20))  # one stream, 20 cells used of 1024
+    else:
+        assert seen[0] == ((4, 5), (4, 5))  # four streams of 256 cells, 5 used in each
+
+
+def test_split_mode_rejects_a_token_shared_by_sequences(tiny_llama) -> None:  # type: ignore[no-untyped-def]
+    ctx = Context(tiny_llama, ContextParams(n_ctx=512, n_seq_max=2))
+    b = Batch()
+    b.add(5, 0, [0, 1], True)
+    with pytest.raises(DecodeError, match="kv-unified"):
+        ctx.decode(b)
+    uni = Context(tiny_llama, ContextParams(n_ctx=512, n_seq_max=2, kv_unified=True))
+    uni.decode(b)
+    assert uni.memory.seq_pos_max(1) == 0
