@@ -6,6 +6,11 @@ import sys
 
 import typer
 
+try:  # typer >= 0.20 carries its own click
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+except ImportError:  # pragma: no cover - older typer on the system click
+    from click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+
 from kvtool import KvtoolError
 
 app = typer.Typer(
@@ -26,10 +31,21 @@ def main() -> None:
     """Console entry point: user errors are one line on stderr and exit code 2."""
     _register()
     try:
-        app()
+        rc = app(standalone_mode=False)
+    except NoArgsIsHelpError as e:
+        print(e.ctx.get_help() if e.ctx is not None else "", file=sys.stderr)
+        sys.exit(2)
+    except UsageError as e:  # bad flags or values: one line, like every other user error
+        where = e.ctx.command_path if e.ctx is not None else "kvtool"
+        print(f"error: {e.format_message()} (see '{where} --help')", file=sys.stderr)
+        sys.exit(2)
+    except ClickException as e:
+        print(f"error: {e.format_message()}", file=sys.stderr)
+        sys.exit(e.exit_code)
     except KvtoolError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, typer.Abort):
         print(file=sys.stderr)
         sys.exit(130)
+    sys.exit(rc if isinstance(rc, int) else 0)

@@ -53,6 +53,8 @@ class Context:
         p = params or ContextParams()
         if not 1 <= p.n_seq_max <= 64:
             raise KvtoolError(f"n_seq_max must be between 1 and 64, got {p.n_seq_max}")
+        if p.n_ctx < 0:
+            raise KvtoolError(f"n_ctx must be 0 (the model's) or positive, got {p.n_ctx}")
         if p.n_batch < 1 or p.n_ubatch < 1:
             raise KvtoolError("n_batch and n_ubatch must be positive")
         for t in (p.type_k, p.type_v):

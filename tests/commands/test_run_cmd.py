@@ -98,3 +98,14 @@ def test_swa_full_and_kv_modes_agree_on_gemma3() -> None:
     assert outs[0].stdout == outs[1].stdout == outs[2].stdout
     verbose = run([*base, "--verbose"])
     assert "chat template: gemma" in verbose.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["run", "-n", "abc"], ["nosuchcommand"], ["run", "-c", "-5", "-p", "x"], ["bench", "-p", "abc"]],
+)
+def test_bad_values_are_one_line(args: list[str], tiny_llama_path: Path) -> None:
+    r = run([*args, "-m", str(tiny_llama_path)] if args[0] != "nosuchcommand" else args)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert len([x for x in r.stderr.splitlines() if x.strip()]) == 1
+    assert r.stderr.startswith("error: ")
