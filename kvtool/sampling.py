@@ -212,6 +212,19 @@ class Sampler:
         self._counts.clear()
         self._generator.manual_seed(self._seed)
 
+    def get_state(self) -> tuple[int, list[int], torch.Tensor]:
+        """(seed, accepted tokens in the penalty window, random generator state) for saving."""
+        return self._seed, list(self._history), self._generator.get_state()
+
+    def set_state(self, seed: int, history: list[int], rng: torch.Tensor) -> None:
+        """Continue exactly where a sampler with this state stopped (parameters stay as they are)."""
+        self._seed = seed
+        self._generator.set_state(rng)
+        self._history.clear()
+        self._counts.clear()
+        for t in history:
+            self.accept(t)
+
     def accept(self, token: int) -> None:
         """Record ``token`` in the penalty window (the last ``repeat_last_n`` accepted tokens)."""
         if self._params.repeat_last_n == 0:

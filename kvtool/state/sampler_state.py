@@ -1,7 +1,4 @@
-"""A sampler's state in a state file: seed, parameters, penalty history, random generator.
-
-Sampler has no public state accessors yet, so this module is the one place that reads its
-internals (its generator, history and seed)."""
+"""A sampler's state in a state file: seed, parameters, penalty history, random generator."""
 
 from __future__ import annotations
 
@@ -16,12 +13,9 @@ from kvtool.sampling import Sampler
 
 def capture(sampler: Sampler) -> tuple[dict[str, Any], torch.Tensor]:
     """(header section, generator state as uint8 [n])."""
-    head = {
-        "seed": sampler.seed,
-        "params": dataclasses.asdict(sampler.params),
-        "history": [int(t) for t in sampler._history],
-    }
-    return head, sampler._generator.get_state()
+    seed, history, rng = sampler.get_state()
+    head = {"seed": seed, "params": dataclasses.asdict(sampler.params), "history": [int(t) for t in history]}
+    return head, rng
 
 
 def check(head: Any, rng: bytes) -> None:
@@ -40,9 +34,4 @@ def check(head: Any, rng: bytes) -> None:
 def restore(sampler: Sampler, head: dict[str, Any], rng: bytes) -> None:
     """Continues `sampler` exactly where the saved one stopped (its own parameters stay)."""
     check(head, rng)
-    sampler._seed = head["seed"]
-    sampler._generator.set_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
-    sampler._history.clear()
-    sampler._counts.clear()
-    for t in head["history"]:
-        sampler.accept(t)
+    sampler.set_state(head["seed"], head["history"], torch.frombuffer(bytearray(rng), dtype=torch.uint8))
