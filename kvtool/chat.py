@@ -78,6 +78,8 @@ class ChatSession:
     def _sync(self, tokens: list[int]) -> list[int]:
         """Drops the memory's tail that differs from `tokens`; returns the tokens to decode."""
         keep = min(common_prefix(self.cached, tokens), len(tokens) - 1)  # decode >= 1 for logits
+        if not self.ctx.can_resume(self.seq, keep):
+            keep = 0  # a sliding window forgot what the kept prefix needs: start over
         if keep < len(self.cached):
             self.ctx.memory.seq_rm(self.seq, keep, -1)
             self.cached = self.cached[:keep]

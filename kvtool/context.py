@@ -164,6 +164,16 @@ class Context:
         return self._logits[int(self._out_row[i])]
 
     # -- memory shortcuts -----------------------------------------------------------------------
+    def can_resume(self, seq: int, pos: int) -> bool:
+        """Whether `seq` can continue at `pos` once its positions >= pos are removed: every
+        position a token at `pos` attends to must still be held. A sliding-window cache forgets
+        old positions, so going back further than the window means decoding from the start
+        (llama-server's "forcing full prompt re-processing ... SWA")."""
+        if pos == 0:
+            return True
+        p_min = self.memory.seq_pos_min(seq)
+        return 0 <= p_min <= self.memory.first_needed(pos)
+
     def clear(self) -> None:
         """Forget every sequence (llama_memory_clear(data=true))."""
         self.memory.clear(True)

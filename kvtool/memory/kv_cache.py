@@ -145,6 +145,11 @@ class KVCache:
     def can_shift(self) -> bool:
         return self.shift_fn is not None
 
+    def first_needed(self, pos: int) -> int:
+        """The oldest position a token at `pos` attends to (the window's start, or 0)."""
+        swa = self.params.swa
+        return 0 if swa is None or swa.kind != "standard" else max(0, pos - swa.n_swa + 1)
+
     # -- batches --------------------------------------------------------------------------------
     def split(self, alloc: BatchAllocator, n_ubatch: int) -> list[UBatch]:
         """unified: tokens in batch order; split: equal tokens per consecutive sequences."""

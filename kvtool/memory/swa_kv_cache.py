@@ -55,6 +55,9 @@ class SWAKVCache:
     def n_used(self) -> int:
         return self.base.n_used()
 
+    def first_needed(self, pos: int) -> int:
+        return self.swa.first_needed(pos)  # the global layers keep every position
+
     def can_shift(self) -> bool:
         return self.base.can_shift() and self.swa.can_shift() and self.base.n_cells == self.swa.n_cells
 
