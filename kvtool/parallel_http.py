@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from kvtool.errors import KvtoolError
@@ -128,11 +129,13 @@ class HttpParallelSim:
         slot = self._slots[client]
         slot.seq, slot.n_decoded, slot.started = seq, 0, False
         t_start, ttft = self.now(), None
-        text, finish, usage, error = "", "length", {}, ""
+        text, finish, error = "", "length", ""
+        usage: dict[str, Any] = {}
         try:
             for chunk in stream_chat(self.url, self.payload(seq), self.timeout):
                 usage = chunk.get("usage") or usage  # type: ignore[assignment]
-                for choice in chunk.get("choices") or []:  # type: ignore[union-attr]
+                choices: list[dict[str, Any]] = chunk.get("choices") or []  # type: ignore[assignment]
+                for choice in choices:
                     piece = (choice.get("delta") or {}).get("content") or ""
                     if piece:
                         ttft = self.now() - t_start if ttft is None else ttft
