@@ -237,6 +237,7 @@ def _chat(keeper: _Keeper, n_predict: int) -> None:
                 except kvtool.StateError as e:
                     err.print(f"[yellow]{e}[/]")
                 continue
+            n0, t0 = session.timings.n_gen, session.timings.t_gen
             try:
                 _, gen = session.respond(text, n_predict, _write)
             except kvtool.ContextFullError as e:
@@ -247,7 +248,7 @@ def _chat(keeper: _Keeper, n_predict: int) -> None:
                 continue
             _write("\n")
             _stop_note(gen, session.ctx)
-            t = session.timings
-            err.print(f"[dim]{len(gen.tokens)} tokens, {t.n_gen / t.t_gen if t.t_gen else 0:.1f} t/s[/]")
+            dn, dt = session.timings.n_gen - n0, session.timings.t_gen - t0  # this reply's share
+            err.print(f"[dim]{len(gen.tokens)} tokens, {dn / dt if dt > 0 else 0:.1f} t/s[/]")
     except KeyboardInterrupt:  # Ctrl-C at the prompt leaves the chat
         _write("\n")

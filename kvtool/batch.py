@@ -72,7 +72,7 @@ class Batch:
 class UBatch:
     """A micro-batch: the unit one forward pass computes. `idx` maps each row to its batch entry.
 
-    With `equal_seqs`, rows are grouped by sequence: n_seqs blocks of n_seq_tokens rows each,
+    From split_equal, rows are grouped by sequence: n_seqs blocks of n_seq_tokens rows each,
     for the sequences `seq_id_unq` in that order (the per-stream layout of split mode)."""
 
     token: np.ndarray  # [n_tokens] int64
@@ -84,7 +84,6 @@ class UBatch:
     seq_id_unq: list[int]
     n_seq_tokens: int
     n_seqs: int
-    equal_seqs: bool
 
     @property
     def n_tokens(self) -> int:
@@ -192,10 +191,7 @@ class BatchAllocator:
                         )
 
     # -- splitting --------------------------------------------------------------------------
-    def split_reset(self) -> None:
-        self.used[:] = False
-
-    def _ubatch(self, idxs: np.ndarray, n_seq_tokens: int, n_seqs: int, equal: bool) -> UBatch:
+    def _ubatch(self, idxs: np.ndarray, n_seq_tokens: int, n_seqs: int) -> UBatch:
         ix = np.asarray(idxs, dtype=np.int64)
         self.used[ix] = True
         seq_unq: list[int] = []
@@ -212,7 +208,6 @@ class BatchAllocator:
             seq_id_unq=seq_unq,
             n_seq_tokens=n_seq_tokens,
             n_seqs=n_seqs,
-            equal_seqs=equal,
         )
 
     def split_simple(self, n_ubatch: int) -> UBatch | None:
@@ -221,7 +216,7 @@ class BatchAllocator:
         if free.size == 0:
             return None
         take = free[:n_ubatch]
-        return self._ubatch(take, len(take), len(take), False)
+        return self._ubatch(take, len(take), len(take))
 
     def split_equal(self, n_ubatch: int, sequential: bool) -> UBatch | None:
         """Equal numbers of tokens from each of a set of non-overlapping sequence sets;
@@ -250,13 +245,4 @@ class BatchAllocator:
         members = [free[self.seq_mask[free] == np.uint64(m)] for m in sets]
         n_seq_tokens = min(min(len(x) for x in members), max(1, n_ubatch // len(sets)))
         idxs = np.concatenate([x[:n_seq_tokens] for x in members])
-        return self._ubatch(idxs, n_seq_tokens, len(sets), True)
-
-    def split_seq(self, n_ubatch: int) -> UBatch | None:
-        """Tokens of one sequence set at a time, up to n_ubatch."""
-        free = np.flatnonzero(~self.used)
-        if free.size == 0:
-            return None
-        m = self.seq_mask[free[0]]
-        take = free[self.seq_mask[free] == m][:n_ubatch]
-        return self._ubatch(take, len(take), 1, True)
+        return self._ubatch(idxs, n_seq_tokens, len(sets))

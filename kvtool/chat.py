@@ -80,17 +80,16 @@ class ChatSession:
         keep = min(common_prefix(self.cached, tokens), len(tokens) - 1)  # decode >= 1 for logits
         if not self.ctx.can_resume(self.seq, keep):
             keep = 0  # a sliding window forgot what the kept prefix needs: start over
-        if keep < len(self.cached):
-            self.ctx.memory.seq_rm(self.seq, keep, -1)
-            self.cached = self.cached[:keep]
+        # Always cut the memory at `keep`: after a failed prompt decode it may hold more than `cached`.
+        self.ctx.memory.seq_rm(self.seq, keep, -1)
+        self.cached = self.cached[:keep]
         return tokens[keep:]
 
-    def prompt_tokens(self, text: str | None = None) -> list[int]:
+    def prompt_tokens(self) -> list[int]:
+        """The whole conversation rendered with the chat template, as token ids."""
         model = self.ctx.model
-        if self.use_template:
-            rendered = model.apply_chat_template(self.messages, add_generation_prompt=True)
-            return model.tokenize(rendered, add_special=True, parse_special=True)
-        return model.tokenize(text or "", add_special=True, parse_special=False)
+        rendered = model.apply_chat_template(self.messages, add_generation_prompt=True)
+        return model.tokenize(rendered, add_special=True, parse_special=True)
 
     def respond(
         self, user_text: str, n_predict: int = -1, on_text: Callable[[str], None] | None = None

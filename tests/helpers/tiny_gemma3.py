@@ -8,7 +8,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from tests.helpers.tiny_gguf import add_spm_vocab, finish, random_weights
+from tests.helpers.tiny_gguf import add_dims, add_spm_vocab, finish, random_weights
 
 
 @dataclass(frozen=True)
@@ -33,16 +33,9 @@ def write_tiny_gemma3(path: Path, cfg: TinyGemma3 = TinyGemma3()) -> Path:
     hd = cfg.head_dim
     w = gguf.GGUFWriter(str(path), "gemma3")
     w.add_name("tiny-gemma3")
-    w.add_block_count(cfg.n_layer)
-    w.add_context_length(cfg.n_ctx_train)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_feed_forward_length(cfg.n_ff)
-    w.add_head_count(cfg.n_head)
-    w.add_head_count_kv(cfg.n_head_kv)
+    add_dims(w, cfg, 1e-6)
     w.add_key_length(hd)
     w.add_value_length(hd)
-    w.add_rope_freq_base(cfg.rope_base)
-    w.add_layer_norm_rms_eps(1e-6)
     w.add_sliding_window(cfg.n_swa)
     if cfg.swa_pattern is not None:
         w.add_sliding_window_pattern(cfg.swa_pattern)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -29,6 +30,18 @@ def spm_vocab() -> tuple[list[str], list[float], list[int]]:
     types = [2, 3, 3] + [6] * 256 + [1] * len(WORDS)
     scores = [0.0, 0.0, 0.0] + [0.0] * 256 + [-float(i) for i in range(len(WORDS))]
     return tokens, scores, types
+
+
+def add_dims(w: gguf.GGUFWriter, cfg: Any, eps: float) -> None:
+    """The hyper-parameters every tiny model writes (cfg has TinyLlama's field names)."""
+    w.add_block_count(cfg.n_layer)
+    w.add_context_length(cfg.n_ctx_train)
+    w.add_embedding_length(cfg.n_embd)
+    w.add_feed_forward_length(cfg.n_ff)
+    w.add_head_count(cfg.n_head)
+    w.add_head_count_kv(cfg.n_head_kv)
+    w.add_rope_freq_base(cfg.rope_base)
+    w.add_layer_norm_rms_eps(eps)
 
 
 def add_spm_vocab(w: gguf.GGUFWriter) -> int:
@@ -72,14 +85,7 @@ def write_tiny_llama(path: Path, cfg: TinyLlama = TinyLlama()) -> Path:
     hd = cfg.n_embd // cfg.n_head
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("tiny-llama")
-    w.add_block_count(cfg.n_layer)
-    w.add_context_length(cfg.n_ctx_train)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_feed_forward_length(cfg.n_ff)
-    w.add_head_count(cfg.n_head)
-    w.add_head_count_kv(cfg.n_head_kv)
-    w.add_rope_freq_base(cfg.rope_base)
-    w.add_layer_norm_rms_eps(1e-5)
+    add_dims(w, cfg, 1e-5)
     w.add_rope_dimension_count(hd)
     n_vocab = add_spm_vocab(w)
     lin, norm = random_weights(rng)
