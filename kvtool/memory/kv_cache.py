@@ -67,7 +67,9 @@ class KVCache(SeqOps, PartBatches):
 
     kind = "kv"
 
-    def __init__(self, specs: dict[int, KVLayerSpec], params: KVCacheParams, shift_fn: ShiftFn | None) -> None:
+    def __init__(
+        self, specs: dict[int, KVLayerSpec], params: KVCacheParams, shift_fn: ShiftFn | None
+    ) -> None:
         self.params = params
         self.specs = specs
         self.n_stream = 1 if params.unified else params.n_seq_max
@@ -205,7 +207,9 @@ class KVCache(SeqOps, PartBatches):
         else:
             found = target.find_slot(len(src_idx))
             if found is None:
-                raise MemoryRefused(f"seq_cp: the stream of sequence {dst} has no room for {len(src_idx)} cells")
+                raise MemoryRefused(
+                    f"seq_cp: the stream of sequence {dst} has no room for {len(src_idx)} cells"
+                )
             dst_idx = np.sort(found)
 
         def copy() -> None:

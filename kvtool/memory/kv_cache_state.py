@@ -88,7 +88,8 @@ def _check_layout(cache: KVCache, saved: Any) -> int:
     ):
         if saved.get(key) != want[key]:
             raise StateError(
-                f"state does not fit this context: {what} differ (state {saved.get(key)}, context {want[key]})"
+                f"state does not fit this context: {what} differ "
+                f"(state {saved.get(key)}, context {want[key]})"
             )
     n = saved.get("n_rows")
     if not isinstance(n, int) or n < 0:
@@ -140,7 +141,9 @@ def plan_read(cache: KVCache, r: StateReader, seq: int | None) -> Commit:
             keep = ~np.uint64(0) if cache.params.unified else seq_bit(t)
             rows = np.flatnonzero(mask & keep)
             if len(rows) > cache.n_cells:
-                raise StateError(f"state needs {len(rows)} cells in stream {t} but this context has {cache.n_cells}")
+                raise StateError(
+                    f"state needs {len(rows)} cells in stream {t} but this context has {cache.n_cells}"
+                )
             c = KVCells(cache.n_cells)
             idx = _same_cells(c, cell[rows])
             if idx is None:
@@ -160,7 +163,9 @@ def plan_read(cache: KVCache, r: StateReader, seq: int | None) -> Commit:
         if idx is None:
             idx = c.find_slot(n, cache.params.swa) if n else np.zeros(0, dtype=np.int64)
         if idx is None:
-            raise StateError(f"no room: the sequence needs {n} cells, stream {t} has {c.size - c.n_used()} free")
+            raise StateError(
+                f"no room: the sequence needs {n} cells, stream {t} has {c.size - c.n_used()} free"
+            )
         c.apply(idx, pos, np.full(n, seq_bit(seq), dtype=np.uint64))
         placed.append((t, c, rows, idx))
     for _, c, rows, idx in placed:

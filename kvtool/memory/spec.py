@@ -50,7 +50,9 @@ class KVSpec:
     swa_layers: frozenset[int] = field(default_factory=frozenset)
     swa: SWAParams | None = None
 
-    def _cache(self, layers: dict[int, KVLayerSpec], n_cells: int, swa: SWAParams | None, p: MemoryParams) -> KVCache:
+    def _cache(
+        self, layers: dict[int, KVLayerSpec], n_cells: int, swa: SWAParams | None, p: MemoryParams
+    ) -> KVCache:
         kv = KVCacheParams(n_cells, p.n_seq_max, p.kv_unified, swa, p.type_k, p.type_v, p.device)
         return KVCache(layers, kv, self.shift)
 

@@ -127,7 +127,9 @@ class Gemma3Model:
             v = F.linear(h, L.wv).view(n, hp.n_head_kv[il], hp.head_dim_v)
             q = apply_rope(rms_norm(q, L.q_norm, hp.eps), cos, sin, rope) * self.q_scale
             k = apply_rope(rms_norm(k, L.k_norm, hp.eps), cos, sin, rope)
-            a = F.linear(attend(mctx.layer_view(il), q, k, v, 1.0), L.wo)  # queries are pre-scaled, as in llama.cpp
+            a = F.linear(
+                attend(mctx.layer_view(il), q, k, v, 1.0), L.wo
+            )  # queries are pre-scaled, as in llama.cpp
             if il == hp.n_layer - 1:
                 out = torch.from_numpy(ub.output)  # only output rows need the rest
                 a, x = a[out], x[out]

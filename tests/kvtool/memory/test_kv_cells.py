@@ -99,7 +99,9 @@ def ref_snapshot(ref: RefCells) -> list[tuple[int, set[int]] | None]:
 def test_seq_ops_match_plain_python_model(seed: int) -> None:
     rng = random.Random(seed)
     n, n_seq = 48, 4
-    cache = KVCache({0: KVLayerSpec(1, 4, 4)}, KVCacheParams(n_cells=n, n_seq_max=n_seq, unified=True), _no_rope)
+    cache = KVCache(
+        {0: KVLayerSpec(1, 4, 4)}, KVCacheParams(n_cells=n, n_seq_max=n_seq, unified=True), _no_rope
+    )
     cells = cache.cells[0]
     ref = RefCells(n)
     # fill: each sequence gets consecutive positions in random free cells, some cells shared
