@@ -12,15 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-try:  # triton is in the gpu/test extras only; the reference runs without it
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
-
-# With postponed annotations `tl.constexpr` is only a string, so the kernel can be defined
-# (undecorated, never launched) when triton is missing.
-_jit = triton.jit if triton is not None else (lambda fn: fn)
+from ._triton import jit, tl, triton, use_triton
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _LOG2E = 1.0 / math.log(2.0)
@@ -52,7 +44,7 @@ def attention_ref(
     return out.masked_fill(empty.unsqueeze(-1), 0.0).to(q.dtype)
 
 
-@_jit
+@jit
 def _dot(a, b, F16: tl.constexpr):
     # fp16 operands use the tensor cores; fp32/bf16 operands run in exact fp32 (no tf32), as
     # the reference does (bf16 is upcast: the interpreter mis-computes bf16 dots).
@@ -63,7 +55,7 @@ def _dot(a, b, F16: tl.constexpr):
     return out
 
 
-@_jit
+@jit
 def _attention_kernel(
     q_ptr,  # [S, n_q, H, D]
     k_ptr,  # [S, n_kv, Hkv, D]
@@ -188,14 +180,10 @@ def attention_triton(
     return out
 
 
-def _use_triton(*tensors: torch.Tensor) -> bool:
-    return triton is not None and all(t.is_cuda for t in tensors)
-
-
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """Attention per stream (see `attention_ref`): Triton on CUDA tensors, the reference elsewhere."""
-    if _use_triton(q, k, v, mask):
+    if use_triton(q, k, v, mask):
         return attention_triton(q, k, v, mask, scale)
     return attention_ref(q, k, v, mask, scale)
