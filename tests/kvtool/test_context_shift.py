@@ -197,3 +197,46 @@ def test_seq_div_equals_tokens_placed_at_divided_positions(
     t = tol(name)
     torch.testing.assert_close(got[2][0], ref, **t)
     torch.testing.assert_close(got[0], fresh(model, other, [q0]), **t)
+
+
+# -- a pending shift travels with the cells ------------------------------------------------------
+@pytest.mark.parametrize("unified", [True, False])
+@pytest.mark.parametrize("name", ["llama", "gemma3-swa"])
+def test_two_pending_shifts_then_a_fork(models: dict[str, kvtool.Model], name: str, unified: bool) -> None:
+    """Two context shifts with no decode between them accumulate; the sequence is then forked
+    before the shift is applied (split mode copies the cells and their K rows to another stream,
+    unified mode shares them). Both branches must compute what the kept tokens compute afresh."""
+    model = models[name]
+    p = tokens(20, seed=30)
+    ctx = context(model, unified)
+    ctx.decode(Batch.from_tokens(p))
+    ctx.memory.seq_rm(0, 2, 5)
+    ctx.memory.seq_add(0, 5, -1, -3)  # p[5:] now at 2..16
+    ctx.memory.seq_rm(0, 4, 7)
+    ctx.memory.seq_add(0, 7, -1, -3)  # p[10:] now at 4..13
+    ctx.memory.seq_cp(0, 1, -1, -1)
+    kept = p[:2] + p[5:7] + p[10:]
+    conts = {0: tokens(2, seed=31), 1: tokens(2, seed=32)}
+    got = decode_each(ctx, conts, {0: 14, 1: 14})
+    for s in (0, 1):
+        torch.testing.assert_close(got[s], fresh(model, kept, conts[s]), **tol(name))
+
+
+@pytest.mark.parametrize(("save_unified", "load_unified"), [(True, False), (False, True)])
+def test_pending_shift_survives_a_state_round_trip(
+    models: dict[str, kvtool.Model], save_unified: bool, load_unified: bool
+) -> None:
+    """A sequence saved between the shift and the decode that applies it, then loaded into
+    another sequence of a context in the other KV mode, computes what the kept tokens compute."""
+    model = models["llama"]
+    p, cont = tokens(16, seed=33), tokens(2, seed=34)
+    ctx = context(model, save_unified)
+    ctx.decode(Batch.from_tokens(p))
+    ctx.memory.seq_rm(0, 1, 6)
+    ctx.memory.seq_add(0, 6, -1, -5)
+    blob = ctx.state_seq_get_data(0)
+    other = context(model, load_unified)
+    other.state_seq_set_data(blob, 3)
+    assert (other.memory.seq_pos_min(3), other.memory.seq_pos_max(3)) == (0, 10)
+    got = decode_each(other, {3: cont}, {3: 11})[3]
+    torch.testing.assert_close(got, fresh(model, p[:1] + p[6:], cont), **tol("llama"))
