@@ -93,7 +93,8 @@ def test_full_cache_fails_without_side_effects(tiny_llama) -> None:  # type: ign
         ctx.decode(Batch.from_tokens(list(range(3, 103)), pos0=200))
     assert e.value.status == 1
     assert (ctx.memory.seq_pos_max(0), ctx.n_used_cells()) == before
-    ctx.decode(Batch.from_tokens([5], pos0=200))  # still usable
+    ctx.decode(Batch.from_tokens([5], pos0=200))  # still usable, and computes what it would have
+    torch.testing.assert_close(ctx.logits()[-1], alone(tiny_llama, [*range(3, 203), 5])[-1], **TOL)
 
 
 def test_invalid_batch_leaves_memory(tiny_llama) -> None:  # type: ignore[no-untyped-def]
@@ -115,6 +116,9 @@ def test_interrupted_decode_rolls_back(tiny_llama, monkeypatch) -> None:  # type
     with pytest.raises(KeyboardInterrupt):
         ctx.decode(Batch.from_tokens([8, 9], pos0=3))
     assert ctx.memory.seq_pos_max(0) == 2
+    monkeypatch.undo()
+    ctx.decode(Batch.from_tokens([10, 11], pos0=3, logits="all"))  # no trace of the lost batch
+    torch.testing.assert_close(ctx.logits(), alone(tiny_llama, [5, 6, 7, 10, 11])[-2:], **TOL)
 
 
 def test_n_ctx_per_stream(tiny_llama) -> None:  # type: ignore[no-untyped-def]

@@ -240,3 +240,12 @@ def test_pending_shift_survives_a_state_round_trip(
     assert (other.memory.seq_pos_min(3), other.memory.seq_pos_max(3)) == (0, 10)
     got = decode_each(other, {3: cont}, {3: 11})[3]
     torch.testing.assert_close(got, fresh(model, p[:1] + p[6:], cont), **tol("llama"))
+
+
+def test_window_cache_can_shift_only_at_full_size(models: dict[str, kvtool.Model]) -> None:
+    """llama.cpp's iswa memory shifts only when its window cache is as large as the base cache
+    (--swa-full); a cache without a window always can."""
+    model = models["gemma3-deep"]
+    assert Context(model, ContextParams(n_ctx=1024, swa_full=True)).memory.can_shift()
+    assert not Context(model, ContextParams(n_ctx=1024, swa_full=False)).memory.can_shift()
+    assert Context(models["llama-deep"], ContextParams(n_ctx=1024)).memory.can_shift()

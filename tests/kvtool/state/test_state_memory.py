@@ -118,8 +118,8 @@ def test_window_cache_sequence_state_keeps_what_the_window_sees(tiny_gemma3, ctx
     src = ctx_of(tiny_gemma3, True)
     kvtool.decode_tokens(src, tokens(tiny_gemma3, 20), 0, 0)
     info = inspect(src.state_seq_get_data(0))
-    n_swa = info.memory["parts"]["swa"]["swa"]["n_swa"]
-    assert info.memory["parts"]["swa"]["n_rows"] == n_swa  # positions 20 - n_swa .. 19
+    assert info.memory["parts"]["swa"]["swa"]["n_swa"] == 8  # the oracle's tiny gemma3 (README section 3)
+    assert info.memory["parts"]["swa"]["n_rows"] == 8  # positions 12..19: what a query at 20 sees
     assert info.memory["parts"]["base"]["n_rows"] == 20
     assert inspect(src.state_get_data()).memory["parts"]["swa"]["n_rows"] == 20  # context: every cell
 
