@@ -11,6 +11,8 @@ in a deeper model a kept token's K/V in later layers still carry the tokens that
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 import torch
@@ -25,6 +27,15 @@ TOL = {"llama": dict(rtol=1e-4, atol=1e-4), "gemma3": dict(rtol=2e-3, atol=2e-3)
 
 ONE_LAYER = ["llama", "gemma3-swa", "gemma3-global"]
 N_VOCAB = len(spm_vocab()[0])  # of every tiny model written here
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """Tiny matmuls gain nothing from threads and lose a lot on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
