@@ -77,6 +77,13 @@ class RefMemory:
             dst_stream.append(Tok(t.pos, t.rotated, {dst}, t.tag, t.cell if whole else None))
         return True
 
+    def seq_load(self, src: int, dst: int) -> None:
+        """A state of sequence src loaded into dst: dst's cells are replaced by copies of src's
+        (positions and pending shifts kept), in cells of dst's own."""
+        saved = [Tok(t.pos, t.rotated, {dst}, t.tag, None) for t in self.stream(src) if src in t.seqs]
+        self.seq_rm(dst, -1, -1)
+        self.stream(dst).extend(saved)
+
     def seq_keep(self, s: int) -> None:
         for st in self.streams:
             st[:] = [t for t in st if s in t.seqs]

@@ -1,4 +1,5 @@
-"""Random mixes of sequence ops (rm, cp, keep, add, div) between decodes, through the public API,
+"""Random mixes of sequence ops (rm, cp, keep, add, div, a sequence state saved and loaded into
+another sequence) between decodes, through the public API,
 in both KV modes: every decoded row must equal a reference computed from the plain-Python model
 of the cells (tests/helpers/ref_memory.py).
 
@@ -64,7 +65,7 @@ def reference(model: kvtool.Model, cells: list[tuple[int, int]], query: int, qpo
 
 
 def random_op(rng: random.Random, ctx: Context, ref: RefMemory) -> str:
-    op = rng.choice(["rm", "cp", "cp", "keep", "add", "add", "div"])
+    op = rng.choice(["rm", "cp", "cp", "keep", "add", "add", "div", "state"])
     s = rng.randrange(-1 if op == "rm" else 0, N_SEQ)
     p0 = rng.choice([-1, rng.randrange(0, 10)])
     p1 = rng.choice([-1, rng.randrange(0, 12)])
@@ -76,6 +77,11 @@ def random_op(rng: random.Random, ctx: Context, ref: RefMemory) -> str:
         d = rng.randrange(N_SEQ)
         assert ref.seq_cp(s, d, p0, p1)  # 256 cells per stream: always room
         mem.seq_cp(s, d, p0, p1)
+    elif op == "state":
+        d = rng.randrange(N_SEQ)
+        ctx.state_seq_set_data(ctx.state_seq_get_data(s), d)
+        ref.seq_load(s, d)
+        return f"state({s} -> {d})"
     elif op == "keep":
         mem.seq_keep(s)
         ref.seq_keep(s)
