@@ -64,8 +64,10 @@ def reference(model: kvtool.Model, cells: list[tuple[int, int]], query: int, qpo
     return ctx.logits()[0].clone()
 
 
-def random_op(rng: random.Random, ctx: Context, ref: RefMemory) -> str:
-    op = rng.choice(["rm", "cp", "cp", "keep", "add", "add", "div", "state"])
+def random_op(rng: random.Random, ctx: Context, ref: RefMemory) -> tuple[str, Context]:
+    """Applies one random op to the context and the model; returns its name and the context
+    (a whole-context state moves everything into a new one)."""
+    op = rng.choice(["rm", "cp", "cp", "keep", "add", "add", "div", "state", "context"])
     s = rng.randrange(-1 if op == "rm" else 0, N_SEQ)
     p0 = rng.choice([-1, rng.randrange(0, 10)])
     p1 = rng.choice([-1, rng.randrange(0, 12)])
@@ -81,7 +83,11 @@ def random_op(rng: random.Random, ctx: Context, ref: RefMemory) -> str:
         d = rng.randrange(N_SEQ)
         ctx.state_seq_set_data(ctx.state_seq_get_data(s), d)
         ref.seq_load(s, d)
-        return f"state({s} -> {d})"
+        return f"state({s} -> {d})", ctx
+    elif op == "context":
+        new = Context(ctx.model, ctx.params)
+        new.state_set_data(ctx.state_get_data())
+        return "context state", new
     elif op == "keep":
         mem.seq_keep(s)
         ref.seq_keep(s)
@@ -93,7 +99,7 @@ def random_op(rng: random.Random, ctx: Context, ref: RefMemory) -> str:
         d = rng.randint(1, 3)
         mem.seq_div(s, p0, p1, d)
         ref.seq_div(s, p0, p1, d)
-    return f"{op}({s}, {p0}, {p1})"
+    return f"{op}({s}, {p0}, {p1})", ctx
 
 
 @pytest.mark.parametrize("unified", [True, False])
@@ -115,7 +121,9 @@ def test_random_seq_ops_then_decode(
     ctx.decode(b)
     history: list[str] = []
     for _ in range(4):
-        history += [random_op(rng, ctx, ref) for _ in range(rng.randint(1, 6))]
+        for _ in range(rng.randint(1, 6)):
+            name_op, ctx = random_op(rng, ctx, ref)
+            history.append(name_op)
         b, queries = Batch(), []
         for s in range(N_SEQ):
             q, qpos = rng.randrange(3, N_VOCAB), max(ref.positions(s), default=-1) + 1
