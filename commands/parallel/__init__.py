@@ -8,7 +8,6 @@ import contextlib
 import json
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -20,18 +19,24 @@ from rich.table import Table
 from rich.text import Text
 
 import kvtool
-from kvtool import (
-    QUESTIONS,
-    Client,
-    HttpParallelSim,
-    ParallelParams,
-    ParallelSim,
-    ParallelSummary,
-    RequestRecord,
-    read_prompts,
-)
 from kvtool.commands import app
-from kvtool.commands.common import KvUnifiedOpt, ModelOpt, SwaFullOpt, load_model_with_status
+from kvtool.commands.common import (
+    BatchOpt,
+    CtxOpt,
+    KvUnifiedOpt,
+    ModelOpt,
+    SwaFullOpt,
+    ThreadsOpt,
+    TypeKOpt,
+    TypeVOpt,
+    UBatchOpt,
+    context_params,
+    load_model_with_status,
+    make_context,
+)
+from kvtool.commands.parallel.http import HttpParallelSim
+from kvtool.commands.parallel.prompts import QUESTIONS, read_prompts
+from kvtool.commands.parallel.sim import Client, ParallelParams, ParallelSim, ParallelSummary, RequestRecord
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
@@ -112,10 +117,10 @@ def parallel(
     n_parallel: Annotated[int, typer.Option("-np", "--parallel", help="Simultaneous clients.")] = 1,
     n_sequences: Annotated[int, typer.Option("-ns", "--sequences", help="Requests in total.")] = 1,
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Max tokens per answer.")] = 128,
-    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", help="Context size (0: the model's).")] = 4096,
-    batch_size: Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")] = 2048,
-    ubatch_size: Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")] = 512,
-    threads: Annotated[int | None, typer.Option("-t", "--threads", help="CPU threads.")] = None,
+    ctx_size: CtxOpt = 4096,
+    batch_size: BatchOpt = 2048,
+    ubatch_size: UBatchOpt = 512,
+    threads: ThreadsOpt = None,
     cont_batching: Annotated[
         bool,
         typer.Option(
@@ -126,6 +131,8 @@ def parallel(
     ] = True,
     swa_full: SwaFullOpt = False,
     kv_unified: KvUnifiedOpt = False,
+    type_k: TypeKOpt = "f32",
+    type_v: TypeVOpt = "f32",
     pps: Annotated[
         bool, typer.Option("-pps", help="Decode the system prompt once and seq_cp it to every client.")
     ] = False,
@@ -166,19 +173,14 @@ def parallel(
         where = f"{server} (model '{model}')"
         out.print(f"parallel: simulating {n_parallel} clients against {server}")
     else:
+        kvtool.set_n_threads(threads)
         m = load_model_with_status(model, err)
-        cp = kvtool.ContextParams(
-            n_ctx=ctx_size,
-            n_batch=batch_size,
-            n_ubatch=ubatch_size,
-            n_seq_max=n_parallel + 1,  # sequence 0 holds the system prompt
-            kv_unified=kv_unified,
-            swa_full=swa_full,
-            n_threads=threads,
+        # sequence 0 holds the system prompt; the geometry (n_ctx_seq) is printed below
+        n_seq_max = n_parallel + 1
+        cp = context_params(
+            ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v
         )
-        with warnings.catch_warnings():  # the geometry (n_ctx_seq) is printed below
-            warnings.simplefilter("ignore")
-            ctx = kvtool.Context(m, cp)
+        ctx = make_context(m, cp, None)
         sim = ParallelSim(ctx, params)
         where = str(m.path)
         out.print("parallel: simulating parallel requests from clients:")

@@ -11,9 +11,24 @@ import typer
 from rich.console import Console
 
 import kvtool
-from kvtool import ConversationPool, ConversationStore
 from kvtool.commands import app
-from kvtool.commands.common import KvUnifiedOpt, ModelOpt, SwaFullOpt, load_model_with_status
+from kvtool.commands.common import (
+    BatchOpt,
+    CtxOpt,
+    KvUnifiedOpt,
+    ModelOpt,
+    SwaFullOpt,
+    ThreadsOpt,
+    TypeKOpt,
+    TypeVOpt,
+    UBatchOpt,
+    context_params,
+    load_model_with_status,
+    make_context,
+)
+from kvtool.commands.common.generate import Generation
+from kvtool.commands.run.chat import ChatSession
+from kvtool.commands.run.pool import ConversationPool
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -27,10 +42,10 @@ def run(
     n_predict: Annotated[
         int, typer.Option("-n", "--n-predict", help="Tokens to generate (-1: until end).")
     ] = -1,
-    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", help="Context size (0: the model's).")] = 4096,
-    batch_size: Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")] = 2048,
-    ubatch_size: Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")] = 512,
-    threads: Annotated[int | None, typer.Option("-t", "--threads", help="CPU threads.")] = None,
+    ctx_size: CtxOpt = 4096,
+    batch_size: BatchOpt = 2048,
+    ubatch_size: UBatchOpt = 512,
+    threads: ThreadsOpt = None,
     temp: Annotated[float, typer.Option("--temp", help="Temperature (<= 0: greedy).")] = 0.8,
     top_k: Annotated[int, typer.Option("--top-k", help="Top-k (<= 0: off).")] = 40,
     top_p: Annotated[float, typer.Option("--top-p", help="Top-p (1.0: off).")] = 0.95,
@@ -48,6 +63,8 @@ def run(
     ] = False,
     swa_full: SwaFullOpt = False,
     kv_unified: KvUnifiedOpt = False,
+    type_k: TypeKOpt = "f32",
+    type_v: TypeVOpt = "f32",
     verbose: Annotated[
         bool, typer.Option("-v", "--verbose", help="Model, template and context details.")
     ] = False,
@@ -67,21 +84,13 @@ def run(
     ] = None,
 ) -> None:
     """Chat with a model (interactive, or turns read from a pipe), or complete one prompt (-p)."""
+    kvtool.set_n_threads(threads)
     m = load_model_with_status(model, err)
     if jinja:
         m.use_chat_template(jinja=True)
-    ctx = kvtool.Context(
-        m,
-        kvtool.ContextParams(
-            n_ctx=ctx_size,
-            n_batch=batch_size,
-            n_ubatch=ubatch_size,
-            n_seq_max=parallel or (4 if store is not None else 1),
-            kv_unified=kv_unified,
-            swa_full=swa_full,
-            n_threads=threads,
-        ),
-    )
+    n_seq_max = parallel or (4 if store is not None else 1)
+    cp = context_params(ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v)
+    ctx = make_context(m, cp, err)
     sp = kvtool.SamplerParams(
         seed=seed,
         temp=temp,
@@ -92,10 +101,9 @@ def run(
         repeat_last_n=repeat_last_n,
     )
 
-    def new_session(seq: int) -> kvtool.ChatSession:
-        s = kvtool.ChatSession(ctx, kvtool.Sampler(sp), system=system, seq=seq, use_template=not no_chat)
-        s.ignore_eos = ignore_eos
-        return s
+    def new_session(seq: int) -> ChatSession:
+        sampler = kvtool.Sampler(sp)
+        return ChatSession(ctx, sampler, system, seq, use_template=not no_chat, ignore_eos=ignore_eos)
 
     keeper = _Keeper(ctx, new_session, session_file, store, conversation)
     if verbose:
@@ -120,13 +128,15 @@ class _Keeper:
     def __init__(
         self,
         ctx: kvtool.Context,
-        new_session: Callable[[int], kvtool.ChatSession],
+        new_session: Callable[[int], ChatSession],
         session_file: Path | None,
         store: Path | None,
         name: str,
     ) -> None:
         self.file = session_file
-        self.pool = None if store is None else ConversationPool(ctx, ConversationStore(store), new_session)
+        self.pool = (
+            None if store is None else ConversationPool(ctx, kvtool.ConversationStore(store), new_session)
+        )
         self.name = name
         if self.pool is not None:
             self.session = self.pool.open(name)
@@ -175,14 +185,14 @@ def _write(text: str) -> None:
     sys.stdout.flush()
 
 
-def _stop_note(gen: kvtool.Generation, ctx: kvtool.Context) -> None:
+def _stop_note(gen: Generation, ctx: kvtool.Context) -> None:
     if gen.stop == "ctx_full":
         err.print(f"[yellow]context full (n_ctx = {ctx.n_ctx_seq}): the reply stopped; /clear starts over[/]")
     elif gen.stop == "interrupted":
         err.print("[yellow](interrupted)[/]")
 
 
-def _one_shot(session: kvtool.ChatSession, prompt: str, n_predict: int) -> None:
+def _one_shot(session: ChatSession, prompt: str, n_predict: int) -> None:
     _, gen = session.respond(prompt, n_predict, _write)
     _write("\n")
     _stop_note(gen, session.ctx)
