@@ -11,26 +11,13 @@ import typer
 from rich.console import Console
 
 import kvtool
-from kvtool.commands import app
+from kvtool.commands import app, common
 from kvtool.commands.batched_bench.logic import (
     BatchedResult,
     batched_n_kv,
     batched_run,
     batched_skip_reason,
     batched_warmup,
-)
-from kvtool.commands.common import (
-    BatchOpt,
-    KvUnifiedOpt,
-    ModelOpt,
-    SwaFullOpt,
-    ThreadsOpt,
-    TypeKOpt,
-    TypeVOpt,
-    UBatchOpt,
-    context_params,
-    load_model_with_status,
-    make_context,
 )
 from kvtool.commands.common.values import parse_int_list
 
@@ -68,12 +55,12 @@ def md_row(r: BatchedResult) -> str:
 
 @app.command("batched-bench")
 def batched_bench(
-    model: ModelOpt = kvtool.DEFAULT_MODEL,
+    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     ctx_size: Annotated[
         int, typer.Option("-c", "--ctx-size", help="Context size (0: enough for the largest combination).")
     ] = 0,
-    batch_size: BatchOpt = 2048,
-    ubatch_size: UBatchOpt = 512,
+    batch_size: common.BatchOpt = 2048,
+    ubatch_size: common.UBatchOpt = 512,
     npp: Annotated[str, typer.Option("-npp", help="Prompt tokens per sequence (comma list).")] = "128",
     ntg: Annotated[str, typer.Option("-ntg", help="Generated tokens per sequence (comma list).")] = "128",
     npl: Annotated[str, typer.Option("-npl", help="Parallel sequences B (comma list).")] = "1",
@@ -83,11 +70,11 @@ def batched_bench(
     tgs: Annotated[
         bool, typer.Option("-tgs", "--tg-separate", help="Generate for one sequence at a time.")
     ] = False,
-    swa_full: SwaFullOpt = False,
-    kv_unified: KvUnifiedOpt = False,
-    type_k: TypeKOpt = "f32",
-    type_v: TypeVOpt = "f32",
-    threads: ThreadsOpt = None,
+    swa_full: common.SwaFullOpt = False,
+    kv_unified: common.KvUnifiedOpt = False,
+    type_k: common.TypeKOpt = "f32",
+    type_v: common.TypeVOpt = "f32",
+    threads: common.ThreadsOpt = None,
     output_format: Annotated[
         str, typer.Option("--output-format", help="md (table) or jsonl (one object per row).")
     ] = "md",
@@ -100,7 +87,7 @@ def batched_bench(
     if min(pl_list) < 1:
         raise typer.BadParameter("B must be at least 1", param_hint="-npl")
     n_threads = kvtool.set_n_threads(threads)
-    m = load_model_with_status(model, err)
+    m = common.load_model_with_status(model, err)
     if ctx_size <= 0:  # every combination fits: per stream in split mode, in total when unified
         combos = [(pp, tg, pl) for pp in pps_list for tg in tg_list for pl in pl_list]
         if kv_unified:
@@ -108,8 +95,10 @@ def batched_bench(
         else:
             ctx_size = max(pl_list) * max(pp + tg for pp, tg, _ in combos)
     # every sequence of the largest B needs an id; the geometry (n_ctx_seq) is printed below
-    cp = context_params(ctx_size, batch_size, ubatch_size, max(pl_list), kv_unified, swa_full, type_k, type_v)
-    ctx = make_context(m, cp, None)
+    cp = common.context_params(
+        ctx_size, batch_size, ubatch_size, max(pl_list), kv_unified, swa_full, type_k, type_v
+    )
+    ctx = common.make_context(m, cp, None)
     rng = random.Random(seed)
     batched_warmup(ctx, rng)
     info = {

@@ -14,10 +14,9 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 import kvtool
-from kvtool.commands import app
+from kvtool.commands import app, common
 from kvtool.commands.bench.logic import BenchTest, Instance, bench_tests, run_bench_test
 from kvtool.commands.bench.report import Printer, record
-from kvtool.commands.common import KvUnifiedOpt, SwaFullOpt, context_params, load_model_with_status
 from kvtool.commands.common.values import parse_int_list
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -57,7 +56,7 @@ def _context(
     m: kvtool.Model, inst: Instance, test: BenchTest, kv_unified: bool, swa_full: bool = False
 ) -> kvtool.Context:
     """A fresh context just large enough for the test, as llama-bench makes one per test."""
-    params = context_params(
+    params = common.context_params(
         test.n_ctx, inst.n_batch, inst.n_ubatch, 1, kv_unified, swa_full, inst.type_k, inst.type_v
     )
     return kvtool.Context(m, params)
@@ -78,8 +77,8 @@ def bench(
     type_v: Annotated[ListOpt, typer.Option("-ctv", "--cache-type-v", help="f32, f16, bf16.")] = None,
     threads: Annotated[ListOpt, typer.Option("-t", "--threads", help="CPU threads.")] = None,
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Runs of each test.")] = 5,
-    kv_unified: KvUnifiedOpt = False,
-    swa_full: SwaFullOpt = False,
+    kv_unified: common.KvUnifiedOpt = False,
+    swa_full: common.SwaFullOpt = False,
     output: Annotated[str, typer.Option("-o", "--output", help="md, csv, json or jsonl.")] = "md",
     output_err: Annotated[
         str | None, typer.Option("-oe", "--output-err", help="Also print this format on stderr.")
@@ -121,7 +120,7 @@ def bench(
     ]
     n_jobs, done = sum(len(j) for j in per_model), 0
     for name, jobs in zip(models, per_model, strict=True):  # a model stays loaded for its tests
-        m = load_model_with_status(name, err)
+        m = common.load_model_with_status(name, err)
         with Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),

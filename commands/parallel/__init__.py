@@ -19,21 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 import kvtool
-from kvtool.commands import app
-from kvtool.commands.common import (
-    BatchOpt,
-    CtxOpt,
-    KvUnifiedOpt,
-    ModelOpt,
-    SwaFullOpt,
-    ThreadsOpt,
-    TypeKOpt,
-    TypeVOpt,
-    UBatchOpt,
-    context_params,
-    load_model_with_status,
-    make_context,
-)
+from kvtool.commands import app, common
 from kvtool.commands.parallel.http import HttpParallelSim
 from kvtool.commands.parallel.prompts import QUESTIONS, read_prompts
 from kvtool.commands.parallel.sim import Client, ParallelParams, ParallelSim, ParallelSummary, RequestRecord
@@ -113,14 +99,14 @@ def _summary(s: ParallelSummary, prompt_file: str, where: str, n_failed: int) ->
 
 @app.command("parallel")
 def parallel(
-    model: ModelOpt = kvtool.DEFAULT_MODEL,
+    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     n_parallel: Annotated[int, typer.Option("-np", "--parallel", help="Simultaneous clients.")] = 1,
     n_sequences: Annotated[int, typer.Option("-ns", "--sequences", help="Requests in total.")] = 1,
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Max tokens per answer.")] = 128,
-    ctx_size: CtxOpt = 4096,
-    batch_size: BatchOpt = 2048,
-    ubatch_size: UBatchOpt = 512,
-    threads: ThreadsOpt = None,
+    ctx_size: common.CtxOpt = 4096,
+    batch_size: common.BatchOpt = 2048,
+    ubatch_size: common.UBatchOpt = 512,
+    threads: common.ThreadsOpt = None,
     cont_batching: Annotated[
         bool,
         typer.Option(
@@ -129,10 +115,10 @@ def parallel(
             help="A client takes its next request inside the running batch (else: waves).",
         ),
     ] = True,
-    swa_full: SwaFullOpt = False,
-    kv_unified: KvUnifiedOpt = False,
-    type_k: TypeKOpt = "f32",
-    type_v: TypeVOpt = "f32",
+    swa_full: common.SwaFullOpt = False,
+    kv_unified: common.KvUnifiedOpt = False,
+    type_k: common.TypeKOpt = "f32",
+    type_v: common.TypeVOpt = "f32",
     pps: Annotated[
         bool, typer.Option("-pps", help="Decode the system prompt once and seq_cp it to every client.")
     ] = False,
@@ -174,13 +160,13 @@ def parallel(
         out.print(f"parallel: simulating {n_parallel} clients against {server}")
     else:
         kvtool.set_n_threads(threads)
-        m = load_model_with_status(model, err)
+        m = common.load_model_with_status(model, err)
         # sequence 0 holds the system prompt; the geometry (n_ctx_seq) is printed below
         n_seq_max = n_parallel + 1
-        cp = context_params(
+        cp = common.context_params(
             ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v
         )
-        ctx = make_context(m, cp, None)
+        ctx = common.make_context(m, cp, None)
         sim = ParallelSim(ctx, params)
         where = str(m.path)
         out.print("parallel: simulating parallel requests from clients:")

@@ -11,21 +11,7 @@ import typer
 from rich.console import Console
 
 import kvtool
-from kvtool.commands import app
-from kvtool.commands.common import (
-    BatchOpt,
-    CtxOpt,
-    KvUnifiedOpt,
-    ModelOpt,
-    SwaFullOpt,
-    ThreadsOpt,
-    TypeKOpt,
-    TypeVOpt,
-    UBatchOpt,
-    context_params,
-    load_model_with_status,
-    make_context,
-)
+from kvtool.commands import app, common
 from kvtool.commands.common.generate import Generation
 from kvtool.commands.run.chat import ChatSession
 from kvtool.commands.run.pool import ConversationPool
@@ -35,17 +21,17 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 @app.command("run")
 def run(
-    model: ModelOpt = kvtool.DEFAULT_MODEL,
+    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     prompt: Annotated[
         str | None, typer.Option("-p", "--prompt", help="One-shot: complete this and exit.")
     ] = None,
     n_predict: Annotated[
         int, typer.Option("-n", "--n-predict", help="Tokens to generate (-1: until end).")
     ] = -1,
-    ctx_size: CtxOpt = 4096,
-    batch_size: BatchOpt = 2048,
-    ubatch_size: UBatchOpt = 512,
-    threads: ThreadsOpt = None,
+    ctx_size: common.CtxOpt = 4096,
+    batch_size: common.BatchOpt = 2048,
+    ubatch_size: common.UBatchOpt = 512,
+    threads: common.ThreadsOpt = None,
     temp: Annotated[float, typer.Option("--temp", help="Temperature (<= 0: greedy).")] = 0.8,
     top_k: Annotated[int, typer.Option("--top-k", help="Top-k (<= 0: off).")] = 40,
     top_p: Annotated[float, typer.Option("--top-p", help="Top-p (1.0: off).")] = 0.95,
@@ -61,10 +47,10 @@ def run(
     jinja: Annotated[
         bool, typer.Option("--jinja", help="Render the GGUF's own Jinja chat template.")
     ] = False,
-    swa_full: SwaFullOpt = False,
-    kv_unified: KvUnifiedOpt = False,
-    type_k: TypeKOpt = "f32",
-    type_v: TypeVOpt = "f32",
+    swa_full: common.SwaFullOpt = False,
+    kv_unified: common.KvUnifiedOpt = False,
+    type_k: common.TypeKOpt = "f32",
+    type_v: common.TypeVOpt = "f32",
     verbose: Annotated[
         bool, typer.Option("-v", "--verbose", help="Model, template and context details.")
     ] = False,
@@ -85,12 +71,14 @@ def run(
 ) -> None:
     """Chat with a model (interactive, or turns read from a pipe), or complete one prompt (-p)."""
     kvtool.set_n_threads(threads)
-    m = load_model_with_status(model, err)
+    m = common.load_model_with_status(model, err)
     if jinja:
         m.use_chat_template(jinja=True)
     n_seq_max = parallel or (4 if store is not None else 1)
-    cp = context_params(ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v)
-    ctx = make_context(m, cp, err)
+    cp = common.context_params(
+        ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v
+    )
+    ctx = common.make_context(m, cp, err)
     sp = kvtool.SamplerParams(
         seed=seed,
         temp=temp,

@@ -15,21 +15,7 @@ from rich.table import Table
 
 import kvtool
 from kvtool import ConversationStore, StateInfo, inspect_state
-from kvtool.commands import app
-from kvtool.commands.common import (
-    BatchOpt,
-    CtxOpt,
-    KvUnifiedOpt,
-    ModelOpt,
-    SwaFullOpt,
-    ThreadsOpt,
-    TypeKOpt,
-    TypeVOpt,
-    UBatchOpt,
-    context_params,
-    load_model_with_status,
-    make_context,
-)
+from kvtool.commands import app, common
 from kvtool.commands.common.generate import TextStream, generate
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -48,23 +34,23 @@ SeqOpt = Annotated[
 def save(
     output: Annotated[Path, typer.Option("-o", "--output", help="State file to write.")],
     prompt: Annotated[str, typer.Option("-p", "--prompt", help="Text to decode before saving.")],
-    model: ModelOpt = kvtool.DEFAULT_MODEL,
+    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     seq: SeqOpt = None,
-    ctx_size: CtxOpt = 4096,
-    batch_size: BatchOpt = 2048,
-    ubatch_size: UBatchOpt = 512,
-    kv_unified: KvUnifiedOpt = False,
-    swa_full: SwaFullOpt = False,
-    type_k: TypeKOpt = "f32",
-    type_v: TypeVOpt = "f32",
-    threads: ThreadsOpt = None,
+    ctx_size: common.CtxOpt = 4096,
+    batch_size: common.BatchOpt = 2048,
+    ubatch_size: common.UBatchOpt = 512,
+    kv_unified: common.KvUnifiedOpt = False,
+    swa_full: common.SwaFullOpt = False,
+    type_k: common.TypeKOpt = "f32",
+    type_v: common.TypeVOpt = "f32",
+    threads: common.ThreadsOpt = None,
 ) -> None:
     """Decode the prompt (raw text, no chat template) and save the state atomically."""
     kvtool.set_n_threads(threads)
-    m = load_model_with_status(model, err)
+    m = common.load_model_with_status(model, err)
     s = 0 if seq is None else seq
-    cp = context_params(ctx_size, batch_size, ubatch_size, s + 1, kv_unified, swa_full, type_k, type_v)
-    ctx = make_context(m, cp, err)
+    cp = common.context_params(ctx_size, batch_size, ubatch_size, s + 1, kv_unified, swa_full, type_k, type_v)
+    ctx = common.make_context(m, cp, err)
     ids = m.tokenize(prompt, add_special=True, parse_special=False)
     kvtool.decode_tokens(ctx, ids, s, 0)
     n = ctx.state_save_file(output, seq, tokens={s: ids})
@@ -75,7 +61,7 @@ def save(
 @state_app.command("load")
 def load(
     input: Annotated[Path, typer.Option("-i", "--input", help="State file to restore.")],
-    model: ModelOpt = kvtool.DEFAULT_MODEL,
+    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     prompt: Annotated[str | None, typer.Option("-p", "--prompt", help="More text to decode first.")] = None,
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.")] = 32,
     seq: Annotated[
@@ -85,14 +71,14 @@ def load(
     seed: Annotated[
         int, typer.Option("-s", "--seed", help="RNG seed (-1: the saved sampler's, if any).")
     ] = -1,
-    ctx_size: CtxOpt = 4096,
-    batch_size: BatchOpt = 2048,
-    ubatch_size: UBatchOpt = 512,
-    kv_unified: KvUnifiedOpt = False,
-    swa_full: SwaFullOpt = False,
-    type_k: TypeKOpt = "f32",
-    type_v: TypeVOpt = "f32",
-    threads: ThreadsOpt = None,
+    ctx_size: common.CtxOpt = 4096,
+    batch_size: common.BatchOpt = 2048,
+    ubatch_size: common.UBatchOpt = 512,
+    kv_unified: common.KvUnifiedOpt = False,
+    swa_full: common.SwaFullOpt = False,
+    type_k: common.TypeKOpt = "f32",
+    type_v: common.TypeVOpt = "f32",
+    threads: common.ThreadsOpt = None,
 ) -> None:
     """Restore a state and print the continuation on stdout (greedy unless --temp > 0)."""
     info = inspect_state(input)
@@ -101,10 +87,12 @@ def load(
         raise kvtool.StateError(f"{input} holds sequences {saved}, not {seq}")
     s = seq if seq is not None else (saved[0] if info.kind == "context" and saved else 0)
     kvtool.set_n_threads(threads)
-    m = load_model_with_status(model, err)
+    m = common.load_model_with_status(model, err)
     n_seq_max = max([s, *saved]) + 1 if info.kind == "context" else s + 1
-    cp = context_params(ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v)
-    ctx = make_context(m, cp, err)
+    cp = common.context_params(
+        ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v
+    )
+    ctx = common.make_context(m, cp, err)
     info = ctx.state_load_file(input, None if info.kind == "context" else s)
     sampler = kvtool.Sampler(kvtool.SamplerParams(seed=seed, temp=temp))
     if seed == -1:
