@@ -9,7 +9,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeAlias
 
 import typer
 from rich import box
@@ -27,7 +27,7 @@ from kvtool.commands.parallel.sim import Client, ParallelParams, ParallelSim, Pa
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 
-Sim = ParallelSim | HttpParallelSim
+Sim: TypeAlias = ParallelSim | HttpParallelSim
 
 
 def _view(sim: Sim, total: int) -> Group:
