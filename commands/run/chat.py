@@ -58,6 +58,7 @@ class ChatSession:
         self.ignore_eos = ignore_eos
         self.messages: list[dict[str, str]] = []
         self.cached: list[int] = []  # tokens of `seq` in the memory, positions 0..n-1
+        self.pending: list[int] = []  # the reply's last sampled token, decoded with the next turn
         self.timings = Timings()
         self.clear()
 
@@ -65,7 +66,7 @@ class ChatSession:
         """Forget the conversation (the system message stays) and its cells."""
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
         self.ctx.memory.seq_rm(self.seq, -1, -1)
-        self.cached = []
+        self.cached, self.pending = [], []
         self.sampler.reset()
 
     def prompt_tokens(self) -> list[int]:
@@ -82,9 +83,8 @@ class ChatSession:
             self.messages.append({"role": "user", "content": user_text})
             tokens = self.prompt_tokens()
         else:
-            tokens = self.cached + self.ctx.model.tokenize(
-                user_text, add_special=not self.cached, parse_special=False
-            )
+            said = self.cached + self.pending  # raw text continues after the whole reply
+            tokens = said + self.ctx.model.tokenize(user_text, add_special=not said, parse_special=False)
         t0 = time.perf_counter()
         try:
             kept, logits = kvtool.resume_seq(self.ctx, self.seq, tokens, self.cached)
@@ -124,7 +124,8 @@ class ChatSession:
             if on_text is not None:
                 on_text(tail)
         # The memory holds every generated token but the last one sampled (decoded next turn).
-        self.cached = (self.cached + gen.tokens)[: self.ctx.memory.seq_pos_max(self.seq) + 1]
+        said, n_held = self.cached + gen.tokens, self.ctx.memory.seq_pos_max(self.seq) + 1
+        self.cached, self.pending = said[:n_held], said[n_held:]
         text = "".join(parts)
         if self.use_template:
             self.messages.append({"role": "assistant", "content": text})
@@ -160,6 +161,6 @@ class ChatSession:
         chat = chat_section(info)
         self.system = chat.get("system")
         self.messages = [dict(m) for m in chat["messages"]]
-        self.cached = list(info.tokens() or [])
+        self.cached, self.pending = list(info.tokens() or []), []
         info.restore_sampler(self.sampler)
         return info

@@ -29,9 +29,22 @@ def test_a_turn_decodes_only_its_new_tokens(tiny_llama: kvtool.Model) -> None:
     n0 = ctx.n_decoded
     chat.respond(" more", n_predict=1)
     new = tiny_llama.tokenize(" more", add_special=False)
-    assert ctx.n_decoded - n0 == len(new)
+    # the first reply's last sampled token, then the new text's tokens
+    assert ctx.n_decoded - n0 == 1 + len(new)
     first = tiny_llama.tokenize("hello there", add_special=True)
-    assert chat.timings.n_prompt == len(first) + len(new)
+    assert chat.timings.n_prompt == len(first) + 1 + len(new)
+
+
+def test_raw_text_continues_after_the_whole_reply(tiny_llama: kvtool.Model) -> None:
+    """The reply's last sampled token is shown but not decoded yet: the next turn keeps it."""
+    ctx = kvtool.Context(tiny_llama, kvtool.ContextParams(n_ctx=256))
+    chat = ChatSession(ctx, kvtool.Sampler(GREEDY), use_template=False)
+    _, gen = chat.respond("hello there", n_predict=4)
+    assert gen.stop == "length"
+    first = tiny_llama.tokenize("hello there", add_special=True)
+    chat.respond(" more", n_predict=1)
+    more = tiny_llama.tokenize(" more", add_special=False)
+    assert chat.cached[: len(first) + 4 + len(more)] == first + gen.tokens + more
 
 
 def test_a_prompt_that_does_not_fit_keeps_the_conversation(tiny_llama: kvtool.Model) -> None:
