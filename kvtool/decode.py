@@ -42,7 +42,7 @@ def _check_fits(ctx: Context, tokens: Sequence[int], pos0: int) -> None:
         )
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """The number of leading tokens `a` and `b` share."""
     n = min(len(a), len(b))
     for i in range(n):
@@ -66,7 +66,7 @@ def resume_seq(
     after any other error `seq` holds the kept prefix of what it held."""
     _check_fits(ctx, tokens, 0)
     n_held = ctx.memory.seq_pos_max(seq) + 1
-    keep = min(common_prefix(held, tokens), len(tokens) - 1, n_held)
+    keep = min(_common_prefix(held, tokens), len(tokens) - 1, n_held)
     if not ctx.can_resume(seq, keep):
         keep = 0
     ctx.memory.seq_rm(seq, keep, -1)
