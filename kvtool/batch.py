@@ -3,6 +3,7 @@ a batch against the memory and splits it (llama_batch_allocr)."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -15,7 +16,8 @@ from kvtool.errors import KvtoolError
 class DecodeError(KvtoolError):
     """A decode was refused or failed. `status` follows llama_decode's return codes:
     1 = no memory slot for the batch (retry with a smaller batch or free cells),
-    -1 = invalid batch, 2 = aborted, -3 = compute failure."""
+    -1 = invalid batch, -3 = compute failure (out of memory). A KeyboardInterrupt during a
+    decode propagates as itself, after the memory was rolled back."""
 
     def __init__(self, message: str, status: int = -1) -> None:
         super().__init__(message)
@@ -88,6 +90,15 @@ class UBatch:
     @property
     def n_tokens(self) -> int:
         return len(self.token)
+
+
+class Split(enum.IntEnum):
+    """How a memory needs a batch cut into ubatches (llama_batch_allocr's splits); a larger value
+    is stricter, and a composite memory uses the strictest its parts need."""
+
+    SIMPLE = 0  # tokens in batch order
+    EQUAL = 1  # the same number of tokens from each of a set of non-overlapping sequence sets
+    EQUAL_SEQUENTIAL = 2  # ... whose sequences are consecutive ids (one KV stream each)
 
 
 class PositionSource(Protocol):
@@ -191,6 +202,18 @@ class BatchAllocator:
                         )
 
     # -- splitting --------------------------------------------------------------------------
+    def split(self, n_ubatch: int, how: Split) -> list[UBatch]:
+        """Cuts the whole batch into ubatches of at most n_ubatch tokens."""
+        out: list[UBatch] = []
+        while True:
+            if how == Split.SIMPLE:
+                ub = self.split_simple(n_ubatch)
+            else:
+                ub = self.split_equal(n_ubatch, sequential=how == Split.EQUAL_SEQUENTIAL)
+            if ub is None:
+                return out
+            out.append(ub)
+
     def _ubatch(self, idxs: np.ndarray, n_seq_tokens: int, n_seqs: int) -> UBatch:
         ix = np.asarray(idxs, dtype=np.int64)
         self.used[ix] = True

@@ -1,0 +1,123 @@
+"""Memories made of parts (llama.cpp's iSWA and hybrid memories): every operation goes to every
+part, planned on all of them before any changes, so it is all or nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from kvtool.errors import StateError
+from kvtool.memory.base import (
+    Commit,
+    FailedPrepare,
+    MemoryContext,
+    MemoryPart,
+    MemoryStatus,
+    NoUpdate,
+    SeqOp,
+    SeqOps,
+)
+
+if TYPE_CHECKING:
+    from kvtool.batch import BatchAllocator, UBatch
+    from kvtool.state.io import StateReader, StateWriter
+
+
+def _all(commits: list[Commit]) -> Commit:
+    def run() -> None:
+        for c in commits:
+            c()
+
+    return run
+
+
+class Composite(SeqOps):
+    """Parts in order, the primary one first. Positions are those every part still holds:
+    seq_pos_min is the largest of the parts' minimums, seq_pos_max the smallest maximum (as
+    llama.cpp's hybrid memory reports them)."""
+
+    kind = "composite"
+
+    def __init__(self, parts: Mapping[str, MemoryPart]) -> None:
+        self.parts: dict[str, MemoryPart] = dict(parts)
+        self._route: dict[int, str] = {}
+        for name, part in self.parts.items():
+            for il in part.layers:
+                if il in self._route:
+                    raise ValueError(f"layer {il} belongs to two memory parts")
+                self._route[il] = name
+
+    @property
+    def layers(self) -> frozenset[int]:
+        return frozenset(self._route)
+
+    # -- sequences ------------------------------------------------------------------------------
+    def plan(self, op: SeqOp) -> Commit:
+        return _all([p.plan(op) for p in self.parts.values()])  # a refusal raises before any commit
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        return max(p.seq_pos_min(seq_id) for p in self.parts.values())
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return min(p.seq_pos_max(seq_id) for p in self.parts.values())
+
+    def seq_can_resume(self, seq_id: int, pos: int) -> bool:
+        return all(p.seq_can_resume(seq_id, pos) for p in self.parts.values())
+
+    def can_shift(self) -> bool:
+        return all(p.can_shift() for p in self.parts.values())
+
+    def n_used(self) -> int:
+        return next(iter(self.parts.values())).n_used()
+
+    # -- batches --------------------------------------------------------------------------------
+    def init_batch(self, alloc: BatchAllocator, n_ubatch: int) -> MemoryContext:
+        """One split for every part: the strictest any part needs."""
+        ubatches = alloc.split(n_ubatch, max(p.split for p in self.parts.values()))
+        plans = [p.prepare(ubatches) for p in self.parts.values()]
+        if any(plan is None for plan in plans):
+            return FailedPrepare()
+        ctxs = {
+            name: p.context(ubatches, plan) for (name, p), plan in zip(self.parts.items(), plans, strict=True)
+        }
+        return CompositeContext(ctxs, self._route, MemoryStatus.SUCCESS)
+
+    def init_update(self) -> MemoryContext:
+        ups = {name: p.init_update() for name, p in self.parts.items()}
+        if all(u.status == MemoryStatus.NO_UPDATE for u in ups.values()):
+            return NoUpdate()
+        return CompositeContext(ups, self._route, MemoryStatus.SUCCESS)
+
+    # -- state ----------------------------------------------------------------------------------
+    def state_write(self, w: StateWriter, seq: int | None) -> None:
+        w.layout["kind"] = self.kind
+        for name, p in self.parts.items():
+            p.state_write(w.part(name), seq)
+
+    def state_read(self, r: StateReader, seq: int | None) -> Commit:
+        r.expect_kind(self.kind)
+        if r.part_names() != sorted(self.parts):
+            raise StateError(f"corrupted state: the parts of the '{self.kind}' memory do not match")
+        return _all([p.state_read(r.part(name), seq) for name, p in self.parts.items()])
+
+
+class CompositeContext:
+    """Steps the parts' contexts together; each layer gets its view from the part that holds it."""
+
+    def __init__(self, parts: dict[str, MemoryContext], route: dict[int, str], status: MemoryStatus) -> None:
+        self.parts = parts
+        self.route = route
+        self.status = status
+
+    @property
+    def ubatch(self) -> UBatch:
+        return next(iter(self.parts.values())).ubatch
+
+    def next(self) -> bool:
+        return all([c.next() for c in self.parts.values()])
+
+    def apply(self) -> bool:
+        return all([c.apply() for c in self.parts.values()])
+
+    def layer_view(self, il: int) -> Any:
+        return self.parts[self.route[il]].layer_view(il)
