@@ -78,7 +78,7 @@ def test_bad_flag_is_a_usage_error() -> None:
 
 
 def test_swa_full_and_kv_modes_agree_on_gemma3() -> None:
-    gemma = Path(__file__).parent.parent / "data" / "tiny" / "models" / "tiny-gemma3.gguf"
+    gemma = Path(__file__).parents[2] / "data" / "tiny" / "models" / "tiny-gemma3.gguf"
     base = [
         "run",
         "-m",

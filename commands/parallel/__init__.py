@@ -8,9 +8,8 @@ import contextlib
 import json
 import sys
 import time
-import warnings
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeAlias
 
 import typer
 from rich import box
@@ -20,23 +19,15 @@ from rich.table import Table
 from rich.text import Text
 
 import kvtool
-from kvtool import (
-    QUESTIONS,
-    Client,
-    HttpParallelSim,
-    ParallelParams,
-    ParallelSim,
-    ParallelSummary,
-    RequestRecord,
-    read_prompts,
-)
-from kvtool.commands import app
-from kvtool.commands.common import KvUnifiedOpt, ModelOpt, SwaFullOpt, load_model_with_status
+from kvtool.commands import app, common
+from kvtool.commands.parallel.http import HttpParallelSim
+from kvtool.commands.parallel.prompts import QUESTIONS, read_prompts
+from kvtool.commands.parallel.sim import Client, ParallelParams, ParallelSim, ParallelSummary, RequestRecord
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 
-Sim = ParallelSim | HttpParallelSim
+Sim: TypeAlias = ParallelSim | HttpParallelSim
 
 
 def _view(sim: Sim, total: int) -> Group:
@@ -108,14 +99,14 @@ def _summary(s: ParallelSummary, prompt_file: str, where: str, n_failed: int) ->
 
 @app.command("parallel")
 def parallel(
-    model: ModelOpt = kvtool.DEFAULT_MODEL,
+    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     n_parallel: Annotated[int, typer.Option("-np", "--parallel", help="Simultaneous clients.")] = 1,
     n_sequences: Annotated[int, typer.Option("-ns", "--sequences", help="Requests in total.")] = 1,
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Max tokens per answer.")] = 128,
-    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", help="Context size (0: the model's).")] = 4096,
-    batch_size: Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")] = 2048,
-    ubatch_size: Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")] = 512,
-    threads: Annotated[int | None, typer.Option("-t", "--threads", help="CPU threads.")] = None,
+    ctx_size: common.CtxOpt = 4096,
+    batch_size: common.BatchOpt = 2048,
+    ubatch_size: common.UBatchOpt = 512,
+    threads: common.ThreadsOpt = None,
     cont_batching: Annotated[
         bool,
         typer.Option(
@@ -124,8 +115,10 @@ def parallel(
             help="A client takes its next request inside the running batch (else: waves).",
         ),
     ] = True,
-    swa_full: SwaFullOpt = False,
-    kv_unified: KvUnifiedOpt = False,
+    swa_full: common.SwaFullOpt = False,
+    kv_unified: common.KvUnifiedOpt = False,
+    type_k: common.TypeKOpt = "f32",
+    type_v: common.TypeVOpt = "f32",
     pps: Annotated[
         bool, typer.Option("-pps", help="Decode the system prompt once and seq_cp it to every client.")
     ] = False,
@@ -166,22 +159,14 @@ def parallel(
         where = f"{server} (model '{model}')"
         out.print(f"parallel: simulating {n_parallel} clients against {server}")
     else:
-        if threads:
-            import torch  # interim: the engine/tool split lands next
-
-            torch.set_num_threads(threads)
-        m = load_model_with_status(model, err)
-        cp = kvtool.ContextParams(
-            n_ctx=ctx_size,
-            n_batch=batch_size,
-            n_ubatch=ubatch_size,
-            n_seq_max=n_parallel + 1,  # sequence 0 holds the system prompt
-            kv_unified=kv_unified,
-            swa_full=swa_full,
+        kvtool.set_n_threads(threads)
+        m = common.load_model_with_status(model, err)
+        # sequence 0 holds the system prompt; the geometry (n_ctx_seq) is printed below
+        n_seq_max = n_parallel + 1
+        cp = common.context_params(
+            ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v
         )
-        with warnings.catch_warnings():  # the geometry (n_ctx_seq) is printed below
-            warnings.simplefilter("ignore")
-            ctx = kvtool.Context(m, cp)
+        ctx = common.make_context(m, cp, None)
         sim = ParallelSim(ctx, params)
         where = str(m.path)
         out.print("parallel: simulating parallel requests from clients:")

@@ -1,4 +1,4 @@
-"""llama-bench's logic: value lists and ranges, test names, the statistics, and the runs'
+"""llama-bench's logic: test names, the statistics, and the runs'
 effect on the memory (depth kept, test tokens dropped between repetitions)."""
 
 from __future__ import annotations
@@ -10,26 +10,14 @@ import statistics
 import pytest
 
 import kvtool
-from kvtool.bench import (
+from kvtool.commands.bench.logic import (
     BenchResult,
     BenchTest,
     bench_tests,
     model_desc,
-    parse_int_list,
     run_bench_test,
     stdev,
 )
-
-
-def test_parse_int_list_values_and_ranges() -> None:
-    assert parse_int_list("512") == [512]
-    assert parse_int_list("128,256") == [128, 256]
-    assert parse_int_list("1-4") == [1, 2, 3, 4]
-    assert parse_int_list("64-512*2") == [64, 128, 256, 512]
-    assert parse_int_list("0-300+100,7") == [0, 100, 200, 300, 7]
-    for bad in ("", "a", "1-4*1", "-3", "1,,2"):
-        with pytest.raises(ValueError):
-            parse_int_list(bad)
 
 
 def test_test_names_and_order() -> None:

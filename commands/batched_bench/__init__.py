@@ -5,24 +5,21 @@ from __future__ import annotations
 
 import json
 import random
-import warnings
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
 import kvtool
-from kvtool import (
+from kvtool.commands import app, common
+from kvtool.commands.batched_bench.logic import (
     BatchedResult,
     batched_n_kv,
     batched_run,
     batched_skip_reason,
     batched_warmup,
-    parse_int_list,
-    threads_in_use,
 )
-from kvtool.commands import app
-from kvtool.commands.common import KvUnifiedOpt, ModelOpt, SwaFullOpt, load_model_with_status
+from kvtool.commands.common.values import parse_int_list
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -58,12 +55,12 @@ def md_row(r: BatchedResult) -> str:
 
 @app.command("batched-bench")
 def batched_bench(
-    model: ModelOpt = kvtool.DEFAULT_MODEL,
+    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     ctx_size: Annotated[
         int, typer.Option("-c", "--ctx-size", help="Context size (0: enough for the largest combination).")
     ] = 0,
-    batch_size: Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")] = 2048,
-    ubatch_size: Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")] = 512,
+    batch_size: common.BatchOpt = 2048,
+    ubatch_size: common.UBatchOpt = 512,
     npp: Annotated[str, typer.Option("-npp", help="Prompt tokens per sequence (comma list).")] = "128",
     ntg: Annotated[str, typer.Option("-ntg", help="Generated tokens per sequence (comma list).")] = "128",
     npl: Annotated[str, typer.Option("-npl", help="Parallel sequences B (comma list).")] = "1",
@@ -73,9 +70,11 @@ def batched_bench(
     tgs: Annotated[
         bool, typer.Option("-tgs", "--tg-separate", help="Generate for one sequence at a time.")
     ] = False,
-    swa_full: SwaFullOpt = False,
-    kv_unified: KvUnifiedOpt = False,
-    threads: Annotated[int | None, typer.Option("-t", "--threads", help="CPU threads.")] = None,
+    swa_full: common.SwaFullOpt = False,
+    kv_unified: common.KvUnifiedOpt = False,
+    type_k: common.TypeKOpt = "f32",
+    type_v: common.TypeVOpt = "f32",
+    threads: common.ThreadsOpt = None,
     output_format: Annotated[
         str, typer.Option("--output-format", help="md (table) or jsonl (one object per row).")
     ] = "md",
@@ -87,31 +86,21 @@ def batched_bench(
     pps_list, tg_list, pl_list = _ints(npp, "-npp"), _ints(ntg, "-ntg"), _ints(npl, "-npl")
     if min(pl_list) < 1:
         raise typer.BadParameter("B must be at least 1", param_hint="-npl")
-    m = load_model_with_status(model, err)
+    n_threads = kvtool.set_n_threads(threads)
+    m = common.load_model_with_status(model, err)
     if ctx_size <= 0:  # every combination fits: per stream in split mode, in total when unified
         combos = [(pp, tg, pl) for pp in pps_list for tg in tg_list for pl in pl_list]
         if kv_unified:
             ctx_size = max(batched_n_kv(pp, tg, pl, pps, True) for pp, tg, pl in combos)
         else:
             ctx_size = max(pl_list) * max(pp + tg for pp, tg, _ in combos)
-    if threads:
-        import torch  # interim: the engine/tool split lands next
-
-        torch.set_num_threads(threads)
-    params = kvtool.ContextParams(
-        n_ctx=ctx_size,
-        n_batch=batch_size,
-        n_ubatch=ubatch_size,
-        n_seq_max=max(pl_list),  # every sequence of the largest B needs an id
-        kv_unified=kv_unified,
-        swa_full=swa_full,
+    # every sequence of the largest B needs an id; the geometry (n_ctx_seq) is printed below
+    cp = common.context_params(
+        ctx_size, batch_size, ubatch_size, max(pl_list), kv_unified, swa_full, type_k, type_v
     )
-    with warnings.catch_warnings():  # the geometry (n_ctx_seq) is printed below
-        warnings.simplefilter("ignore")
-        ctx = kvtool.Context(m, params)
+    ctx = common.make_context(m, cp, None)
     rng = random.Random(seed)
     batched_warmup(ctx, rng)
-    n_threads = threads_in_use()
     info = {
         "n_kv_max": ctx.n_ctx,
         "n_batch": ctx.n_batch,

@@ -8,24 +8,31 @@ from pathlib import Path
 import pytest
 
 import kvtool
-from kvtool.errors import StateError
-from kvtool.state import ConversationStore
-from kvtool.state.conversations import ConversationPool
+from kvtool import ConversationStore, StateError
+from kvtool.commands.run.chat import ChatSession
+from kvtool.commands.run.pool import ConversationPool
 
 PARAMS = kvtool.SamplerParams(seed=3, temp=0.8)
 
 
-def session(ctx: kvtool.Context, seq: int = 0) -> kvtool.ChatSession:
-    return kvtool.ChatSession(ctx, kvtool.Sampler(PARAMS), system="be brief", seq=seq)
+def ctx_of(m: kvtool.Model, unified: bool, n_ctx: int = 512, n_seq_max: int = 4) -> kvtool.Context:
+    params = kvtool.ContextParams(
+        n_ctx=n_ctx, n_batch=256, n_ubatch=256, n_seq_max=n_seq_max, kv_unified=unified
+    )
+    return kvtool.Context(m, params)
 
 
-def talk(s: kvtool.ChatSession, *turns: str) -> list[str]:
+def session(ctx: kvtool.Context, seq: int = 0) -> ChatSession:
+    return ChatSession(ctx, kvtool.Sampler(PARAMS), system="be brief", seq=seq)
+
+
+def talk(s: ChatSession, *turns: str) -> list[str]:
     return [s.respond(t, n_predict=5)[0] for t in turns]
 
 
 @pytest.mark.parametrize("unified", [True, False])
-def test_resumed_chat_continues_like_an_uninterrupted_one(  # type: ignore[no-untyped-def]
-    tiny_llama, ctx_of, tmp_path: Path, unified
+def test_resumed_chat_continues_like_an_uninterrupted_one(
+    tiny_llama: kvtool.Model, tmp_path: Path, unified: bool
 ) -> None:
     a = session(ctx_of(tiny_llama, True))
     talk(a, "hello", "the cat sat")
@@ -41,17 +48,21 @@ def test_resumed_chat_continues_like_an_uninterrupted_one(  # type: ignore[no-un
     assert talk(b, "on the mat", "and then") == talk(a, "on the mat", "and then")
 
 
-def test_a_state_without_a_conversation_changes_nothing(tiny_llama, ctx_of, snap, unchanged) -> None:  # type: ignore[no-untyped-def]
+def test_a_state_without_a_conversation_changes_nothing(tiny_llama: kvtool.Model, tmp_path: Path) -> None:
     ctx = ctx_of(tiny_llama, True)
     s = session(ctx)
     talk(s, "hello")
-    before, msgs = snap(ctx), list(s.messages)
+    before, msgs, cached = ctx.state_get_data(), list(s.messages), list(s.cached)
     with pytest.raises(StateError, match="no chat conversation"):
         s.restore_data(ctx.state_seq_get_data(0))  # cells but no messages
-    assert unchanged(before, snap(ctx)) and s.messages == msgs
+    ctx.state_save_file(tmp_path / "bare.kvs", 0)
+    with pytest.raises(StateError, match="no chat conversation"):
+        s.load_state(tmp_path / "bare.kvs")
+    # every cell, K/V row and the logits are as they were
+    assert ctx.state_get_data() == before and s.messages == msgs and s.cached == cached
 
 
-def test_pool_keeps_only_active_conversations_in_memory(tiny_llama, ctx_of, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_pool_keeps_only_active_conversations_in_memory(tiny_llama: kvtool.Model, tmp_path: Path) -> None:
     ctx = ctx_of(tiny_llama, True, n_seq_max=2)
     store = ConversationStore(tmp_path / "c.db")
     pool = ConversationPool(ctx, store, lambda seq: session(ctx, seq))

@@ -15,8 +15,8 @@ from rich.table import Table
 
 import kvtool
 from kvtool import ConversationStore, StateInfo, inspect_state
-from kvtool.commands import app
-from kvtool.commands.common import KvUnifiedOpt, ModelOpt, SwaFullOpt, load_model_with_status
+from kvtool.commands import app, common
+from kvtool.commands.common.generate import TextStream, generate
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 state_app = typer.Typer(
@@ -25,45 +25,32 @@ state_app = typer.Typer(
 )
 app.add_typer(state_app, name="state")
 
-CtxOpt = Annotated[int, typer.Option("-c", "--ctx-size", help="Context size (0: the model's).")]
-BatchOpt = Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")]
-UBatchOpt = Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")]
 SeqOpt = Annotated[
     int | None, typer.Option("--seq", help="Save/restore one sequence (a sequence state) instead of all.")
 ]
-
-
-def _context(
-    m: kvtool.Model, n_ctx: int, n_batch: int, n_ubatch: int, n_seq_max: int, unified: bool, swa_full: bool
-) -> kvtool.Context:
-    n_ctx = -(-n_ctx // n_seq_max) * n_seq_max  # split evenly over the sequences (no warning)
-    params = kvtool.ContextParams(
-        n_ctx=n_ctx,
-        n_batch=n_batch,
-        n_ubatch=n_ubatch,
-        n_seq_max=n_seq_max,
-        kv_unified=unified,
-        swa_full=swa_full,
-    )
-    return kvtool.Context(m, params)
 
 
 @state_app.command("save")
 def save(
     output: Annotated[Path, typer.Option("-o", "--output", help="State file to write.")],
     prompt: Annotated[str, typer.Option("-p", "--prompt", help="Text to decode before saving.")],
-    model: ModelOpt = kvtool.DEFAULT_MODEL,
+    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     seq: SeqOpt = None,
-    ctx_size: CtxOpt = 4096,
-    batch_size: BatchOpt = 2048,
-    ubatch_size: UBatchOpt = 512,
-    kv_unified: KvUnifiedOpt = False,
-    swa_full: SwaFullOpt = False,
+    ctx_size: common.CtxOpt = 4096,
+    batch_size: common.BatchOpt = 2048,
+    ubatch_size: common.UBatchOpt = 512,
+    kv_unified: common.KvUnifiedOpt = False,
+    swa_full: common.SwaFullOpt = False,
+    type_k: common.TypeKOpt = "f32",
+    type_v: common.TypeVOpt = "f32",
+    threads: common.ThreadsOpt = None,
 ) -> None:
     """Decode the prompt (raw text, no chat template) and save the state atomically."""
-    m = load_model_with_status(model, err)
+    kvtool.set_n_threads(threads)
+    m = common.load_model_with_status(model, err)
     s = 0 if seq is None else seq
-    ctx = _context(m, ctx_size, batch_size, ubatch_size, s + 1, kv_unified, swa_full)
+    cp = common.context_params(ctx_size, batch_size, ubatch_size, s + 1, kv_unified, swa_full, type_k, type_v)
+    ctx = common.make_context(m, cp, err)
     ids = m.tokenize(prompt, add_special=True, parse_special=False)
     kvtool.decode_tokens(ctx, ids, s, 0)
     n = ctx.state_save_file(output, seq, tokens={s: ids})
@@ -74,7 +61,7 @@ def save(
 @state_app.command("load")
 def load(
     input: Annotated[Path, typer.Option("-i", "--input", help="State file to restore.")],
-    model: ModelOpt = kvtool.DEFAULT_MODEL,
+    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     prompt: Annotated[str | None, typer.Option("-p", "--prompt", help="More text to decode first.")] = None,
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.")] = 32,
     seq: Annotated[
@@ -84,11 +71,14 @@ def load(
     seed: Annotated[
         int, typer.Option("-s", "--seed", help="RNG seed (-1: the saved sampler's, if any).")
     ] = -1,
-    ctx_size: CtxOpt = 4096,
-    batch_size: BatchOpt = 2048,
-    ubatch_size: UBatchOpt = 512,
-    kv_unified: KvUnifiedOpt = False,
-    swa_full: SwaFullOpt = False,
+    ctx_size: common.CtxOpt = 4096,
+    batch_size: common.BatchOpt = 2048,
+    ubatch_size: common.UBatchOpt = 512,
+    kv_unified: common.KvUnifiedOpt = False,
+    swa_full: common.SwaFullOpt = False,
+    type_k: common.TypeKOpt = "f32",
+    type_v: common.TypeVOpt = "f32",
+    threads: common.ThreadsOpt = None,
 ) -> None:
     """Restore a state and print the continuation on stdout (greedy unless --temp > 0)."""
     info = inspect_state(input)
@@ -96,17 +86,21 @@ def load(
     if info.kind == "context" and seq is not None and seq not in saved:
         raise kvtool.StateError(f"{input} holds sequences {saved}, not {seq}")
     s = seq if seq is not None else (saved[0] if info.kind == "context" and saved else 0)
-    m = load_model_with_status(model, err)
+    kvtool.set_n_threads(threads)
+    m = common.load_model_with_status(model, err)
     n_seq_max = max([s, *saved]) + 1 if info.kind == "context" else s + 1
-    ctx = _context(m, ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full)
+    cp = common.context_params(
+        ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v
+    )
+    ctx = common.make_context(m, cp, err)
     info = ctx.state_load_file(input, None if info.kind == "context" else s)
     sampler = kvtool.Sampler(kvtool.SamplerParams(seed=seed, temp=temp))
     if seed == -1:
         info.restore_sampler(sampler)
     logits = _next_logits(ctx, info, s, prompt)
     pos = ctx.memory.seq_pos_max(s) + 1
-    stream = kvtool.TextStream(m)
-    gen = kvtool.generate(ctx, sampler, logits, pos, n_predict, lambda t: _write(stream.push(t)), s)
+    stream = TextStream(m)
+    gen = generate(ctx, sampler, logits, pos, n_predict, lambda t: _write(stream.push(t)), s)
     _write(stream.flush() + "\n")
     err.print(
         f"restored {info.seqs[0].n_cells if info.seqs else 0} cells; generated {len(gen.tokens)} tokens"
@@ -114,19 +108,18 @@ def load(
 
 
 def _next_logits(ctx: kvtool.Context, info: StateInfo, seq: int, more: str | None) -> torch.Tensor:
-    """The logits generation starts from: after `more`, the restored ones, or by decoding the
-    last saved token again (a sequence state holds no logits)."""
-    pos = ctx.memory.seq_pos_max(seq) + 1
-    if more:
-        ids = ctx.model.tokenize(more, add_special=pos == 0, parse_special=False)
-        return kvtool.decode_tokens(ctx, ids, seq, pos)
-    if info.kind == "context" and info.n_outputs and len(info.seqs) == 1:
+    """The logits generation starts from: a context state's own when it holds one sequence and
+    nothing is added, else those kvtool.resume_seq computes after the saved tokens and `more`."""
+    n_held = ctx.memory.seq_pos_max(seq) + 1
+    ids = ctx.model.tokenize(more, add_special=n_held == 0, parse_special=False) if more else []
+    if not ids and info.kind == "context" and info.n_outputs and len(info.seqs) == 1:
         return ctx.logits_ith(-1)
-    tokens = info.tokens(None if info.kind == "sequence" else seq)
-    if not tokens or pos == 0:
+    saved = info.tokens(None if info.kind == "sequence" else seq)
+    if saved is None and ids:  # no token ids saved: the text can only follow the held cells
+        return kvtool.decode_tokens(ctx, ids, seq, n_held)
+    if not saved and not ids:
         raise kvtool.StateError("the state holds no token ids to continue from: give -p")
-    ctx.memory.seq_rm(seq, pos - 1, -1)
-    return kvtool.decode_tokens(ctx, tokens[-1:], seq, pos - 1)
+    return kvtool.resume_seq(ctx, seq, [*(saved or []), *ids], saved or [])[1]
 
 
 def _write(text: str) -> None:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from kvtool.errors import KvtoolError
-from kvtool.parallel import ClientStatus, ParallelParams, ParallelSummary, RequestRecord
-from kvtool.parallel_prompts import pick_requests
+from kvtool import KvtoolError
+from kvtool.commands.parallel.prompts import pick_requests
+from kvtool.commands.parallel.sim import ClientStatus, ParallelParams, ParallelSummary, RequestRecord
 
 
 class ServerError(KvtoolError):

@@ -11,26 +11,27 @@ import typer
 from rich.console import Console
 
 import kvtool
-from kvtool import ConversationPool, ConversationStore
-from kvtool.commands import app
-from kvtool.commands.common import KvUnifiedOpt, ModelOpt, SwaFullOpt, load_model_with_status
+from kvtool.commands import app, common
+from kvtool.commands.common.generate import Generation
+from kvtool.commands.run.chat import ChatSession
+from kvtool.commands.run.pool import ConversationPool
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 @app.command("run")
 def run(
-    model: ModelOpt = kvtool.DEFAULT_MODEL,
+    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     prompt: Annotated[
         str | None, typer.Option("-p", "--prompt", help="One-shot: complete this and exit.")
     ] = None,
     n_predict: Annotated[
         int, typer.Option("-n", "--n-predict", help="Tokens to generate (-1: until end).")
     ] = -1,
-    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", help="Context size (0: the model's).")] = 4096,
-    batch_size: Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")] = 2048,
-    ubatch_size: Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")] = 512,
-    threads: Annotated[int | None, typer.Option("-t", "--threads", help="CPU threads.")] = None,
+    ctx_size: common.CtxOpt = 4096,
+    batch_size: common.BatchOpt = 2048,
+    ubatch_size: common.UBatchOpt = 512,
+    threads: common.ThreadsOpt = None,
     temp: Annotated[float, typer.Option("--temp", help="Temperature (<= 0: greedy).")] = 0.8,
     top_k: Annotated[int, typer.Option("--top-k", help="Top-k (<= 0: off).")] = 40,
     top_p: Annotated[float, typer.Option("--top-p", help="Top-p (1.0: off).")] = 0.95,
@@ -46,8 +47,10 @@ def run(
     jinja: Annotated[
         bool, typer.Option("--jinja", help="Render the GGUF's own Jinja chat template.")
     ] = False,
-    swa_full: SwaFullOpt = False,
-    kv_unified: KvUnifiedOpt = False,
+    swa_full: common.SwaFullOpt = False,
+    kv_unified: common.KvUnifiedOpt = False,
+    type_k: common.TypeKOpt = "f32",
+    type_v: common.TypeVOpt = "f32",
     verbose: Annotated[
         bool, typer.Option("-v", "--verbose", help="Model, template and context details.")
     ] = False,
@@ -67,24 +70,15 @@ def run(
     ] = None,
 ) -> None:
     """Chat with a model (interactive, or turns read from a pipe), or complete one prompt (-p)."""
-    if threads:
-        import torch  # interim: threads are set by the command (the engine/tool split lands next)
-
-        torch.set_num_threads(threads)
-    m = load_model_with_status(model, err)
+    kvtool.set_n_threads(threads)
+    m = common.load_model_with_status(model, err)
     if jinja:
         m.use_chat_template(jinja=True)
-    ctx = kvtool.Context(
-        m,
-        kvtool.ContextParams(
-            n_ctx=ctx_size,
-            n_batch=batch_size,
-            n_ubatch=ubatch_size,
-            n_seq_max=parallel or (4 if store is not None else 1),
-            kv_unified=kv_unified,
-            swa_full=swa_full,
-        ),
+    n_seq_max = parallel or (4 if store is not None else 1)
+    cp = common.context_params(
+        ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v
     )
+    ctx = common.make_context(m, cp, err)
     sp = kvtool.SamplerParams(
         seed=seed,
         temp=temp,
@@ -95,10 +89,9 @@ def run(
         repeat_last_n=repeat_last_n,
     )
 
-    def new_session(seq: int) -> kvtool.ChatSession:
-        s = kvtool.ChatSession(ctx, kvtool.Sampler(sp), system=system, seq=seq, use_template=not no_chat)
-        s.ignore_eos = ignore_eos
-        return s
+    def new_session(seq: int) -> ChatSession:
+        sampler = kvtool.Sampler(sp)
+        return ChatSession(ctx, sampler, system, seq, use_template=not no_chat, ignore_eos=ignore_eos)
 
     keeper = _Keeper(ctx, new_session, session_file, store, conversation)
     if verbose:
@@ -123,13 +116,15 @@ class _Keeper:
     def __init__(
         self,
         ctx: kvtool.Context,
-        new_session: Callable[[int], kvtool.ChatSession],
+        new_session: Callable[[int], ChatSession],
         session_file: Path | None,
         store: Path | None,
         name: str,
     ) -> None:
         self.file = session_file
-        self.pool = None if store is None else ConversationPool(ctx, ConversationStore(store), new_session)
+        self.pool = (
+            None if store is None else ConversationPool(ctx, kvtool.ConversationStore(store), new_session)
+        )
         self.name = name
         if self.pool is not None:
             self.session = self.pool.open(name)
@@ -178,14 +173,14 @@ def _write(text: str) -> None:
     sys.stdout.flush()
 
 
-def _stop_note(gen: kvtool.Generation, ctx: kvtool.Context) -> None:
+def _stop_note(gen: Generation, ctx: kvtool.Context) -> None:
     if gen.stop == "ctx_full":
         err.print(f"[yellow]context full (n_ctx = {ctx.n_ctx_seq}): the reply stopped; /clear starts over[/]")
     elif gen.stop == "interrupted":
         err.print("[yellow](interrupted)[/]")
 
 
-def _one_shot(session: kvtool.ChatSession, prompt: str, n_predict: int) -> None:
+def _one_shot(session: ChatSession, prompt: str, n_predict: int) -> None:
     _, gen = session.respond(prompt, n_predict, _write)
     _write("\n")
     _stop_note(gen, session.ctx)

@@ -59,7 +59,7 @@ def test_inspect_and_more_text(tiny_llama_path: Path, tmp_path: Path) -> None:
 def test_errors_are_one_line(tiny_llama_path: Path, tmp_path: Path) -> None:
     f = tmp_path / "s.kvs"
     cli("state", "save", "-m", str(tiny_llama_path), "-p", PROMPT, "-o", str(f))
-    gemma = Path(__file__).parents[1] / "data" / "tiny" / "models" / "tiny-gemma3.gguf"
+    gemma = Path(__file__).parents[2] / "data" / "tiny" / "models" / "tiny-gemma3.gguf"
     r = kvtool_process("state", "load", "-m", str(gemma), "-i", str(f))
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith("error: state was saved with another model")

@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 
 import kvtool
-from kvtool.parallel import ParallelParams, ParallelSim
-from kvtool.parallel_prompts import QUESTIONS, pick_requests, read_prompts
+from kvtool.commands.parallel.prompts import QUESTIONS, pick_requests, read_prompts
+from kvtool.commands.parallel.sim import ParallelParams, ParallelSim
 
 SYSTEM = "A chat!!\n"
 

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 import kvtool
-from kvtool.parallel import ParallelParams
-from kvtool.parallel_http import HttpParallelSim, ServerError, chat_url, stream_chat
+from kvtool.commands.parallel.http import HttpParallelSim, ServerError, chat_url, stream_chat
+from kvtool.commands.parallel.sim import ParallelParams
 from tests.helpers.sse_server import ServerLog, answer_words, prompt_tokens, sse_server
 
 

@@ -9,11 +9,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
-from kvtool.batch import Batch, DecodeError
-from kvtool.context import Context
-from kvtool.generate import TextStream
-from kvtool.parallel_prompts import QUESTIONS, SYSTEM_PROMPT, pick_requests
-from kvtool.sampling import Sampler, SamplerParams
+import kvtool
+from kvtool import Batch, DecodeError, Sampler, SamplerParams
+from kvtool.commands.common.generate import TextStream
+from kvtool.commands.parallel.prompts import QUESTIONS, SYSTEM_PROMPT, pick_requests
 
 REVERSE_PROMPT = "User:"
 
@@ -130,7 +129,7 @@ class Client:
 class ParallelSim:
     """Runs the simulation; `clients`, `n_gen` and `n_cache_miss` can be read while it runs."""
 
-    def __init__(self, ctx: Context, params: ParallelParams) -> None:
+    def __init__(self, ctx: kvtool.Context, params: ParallelParams) -> None:
         if ctx.params.n_seq_max < params.n_clients + 1:
             raise ValueError(f"the context needs n_seq_max >= {params.n_clients + 1} (clients + system)")
         if not params.prompts:
@@ -175,8 +174,7 @@ class ParallelSim:
         ctx, p = self.ctx, self.p
         self.t0 = time.perf_counter()
         if p.shared_system:
-            sys_batch = Batch.from_tokens(self.system_tokens, seq_id=0, pos0=0, logits="none")
-            self._decode_all(sys_batch)
+            kvtool.decode_tokens(ctx, self.system_tokens, 0, 0)
             for c in self.clients:
                 ctx.memory.seq_cp(0, c.kv_seq, -1, -1)
         while True:
@@ -235,10 +233,6 @@ class ParallelSim:
         c.n_prompt = len(tokens)
         c.n_decoded = 0
         c.i_batch = len(batch) - 1
-
-    def _decode_all(self, batch: Batch) -> None:
-        for i in range(0, len(batch), self.ctx.n_batch):
-            self.ctx.decode(_view(batch, i, i + self.ctx.n_batch))
 
     def _decode_step(
         self,

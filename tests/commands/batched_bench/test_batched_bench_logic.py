@@ -8,7 +8,7 @@ import random
 import pytest
 
 import kvtool
-from kvtool.batched_bench import batched_n_kv, batched_run, batched_skip_reason, batched_warmup
+from kvtool.commands.batched_bench.logic import batched_n_kv, batched_run, batched_skip_reason, batched_warmup
 
 
 def make_ctx(model: kvtool.Model, n_ctx: int, n_seq_max: int, kv_unified: bool) -> kvtool.Context:

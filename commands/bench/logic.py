@@ -1,49 +1,22 @@
 """The measuring logic behind `kvtool bench` (llama-bench): random tokens, timed decodes, and
-the numbers of its reports. Printing lives in the command; this is testable without the CLI."""
+the numbers of its reports. Printing lives in report.py; this is testable without the CLI."""
 
 from __future__ import annotations
 
 import math
 import platform
 import random
-import re
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import gguf
-import torch
 
-from kvtool.batch import Batch
-from kvtool.context import Context
-from kvtool.model import Model
-
-_RANGE = re.compile(r"^(\d+)(?:-(\d+)(?:([+*])(\d+))?)?$")
+import kvtool
 
 
-def parse_int_list(text: str) -> list[int]:
-    """llama-bench's value lists: comma-separated items, each `N` or a range `first-last[+step|*step]`
-    ("128,256", "1-4" -> 1,2,3,4, "64-512*2" -> 64,128,256,512)."""
-    out: list[int] = []
-    for item in text.split(","):
-        m = _RANGE.match(item.strip())
-        if m is None:
-            raise ValueError(f"invalid value or range '{item}' in '{text}'")
-        first = int(m[1])
-        last = int(m[2]) if m[2] else first
-        op, step = m[3] or "+", int(m[4]) if m[4] else 1
-        i = first
-        while i <= last:
-            out.append(i)
-            nxt = i + step if op == "+" else i * step
-            if nxt <= i:
-                raise ValueError(f"range '{item}' does not advance")
-            i = nxt
-    return out
-
-
-def model_desc(model: Model) -> str:
+def model_desc(model: kvtool.Model) -> str:
     """llama_model_desc's shape: architecture, size, weight type ("llama 135M Q4_1")."""
     n = model.n_params()
     size = f"{n / 1e9:.1f}B" if n >= 1e9 else f"{round(n / 1e6)}M" if n >= 1e6 else f"{round(n / 1e3)}K"
@@ -58,11 +31,6 @@ def model_desc(model: Model) -> str:
     return f"{model.arch} {size} {kind}"
 
 
-def threads_in_use() -> int:
-    """The CPU threads decodes run on (ContextParams.n_threads sets it)."""
-    return torch.get_num_threads()
-
-
 def cpu_info() -> str:
     """The CPU's model name, as llama-bench reports it."""
     try:
@@ -75,13 +43,26 @@ def cpu_info() -> str:
     return platform.processor() or platform.machine()
 
 
-def first_token(model: Model, rng: random.Random) -> int:
+def first_token(model: kvtool.Model, rng: random.Random) -> int:
     """BOS when the model adds one (as llama-bench starts each prompt), else a random token."""
     bos = model.tokenize("", add_special=True)
     return bos[0] if bos else rng.randrange(model.n_vocab)
 
 
 # -- llama-bench --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Instance:
+    """One parameter set of the sweep (what llama-bench calls a cmd_params_instance)."""
+
+    model: str
+    n_batch: int
+    n_ubatch: int
+    type_k: str
+    type_v: str
+    n_threads: int
+    n_depth: int
+
+
 @dataclass(frozen=True)
 class BenchTest:
     """One llama-bench test: a prompt of n_prompt and/or n_gen generated tokens after n_depth."""
@@ -115,22 +96,17 @@ def bench_tests(
     return tests
 
 
-def run_prompt(ctx: Context, n_prompt: int, rng: random.Random) -> None:
-    """Decodes n_prompt random tokens on sequence 0 in n_batch chunks, continuing its positions."""
-    done = 0
-    while done < n_prompt:
-        n = min(n_prompt - done, ctx.n_batch)
-        toks = [first_token(ctx.model, rng) if done == 0 else rng.randrange(ctx.model.n_vocab)]
-        toks += [rng.randrange(ctx.model.n_vocab) for _ in range(n - 1)]
-        ctx.decode(Batch.from_tokens(toks, seq_id=0, pos0=None, logits="last"))
-        done += n
+def run_prompt(ctx: kvtool.Context, n_prompt: int, rng: random.Random) -> None:
+    """Decodes n_prompt random tokens on sequence 0 after its last position, in n_batch chunks."""
+    toks = [first_token(ctx.model, rng)] + [rng.randrange(ctx.model.n_vocab) for _ in range(n_prompt - 1)]
+    kvtool.decode_tokens(ctx, toks, 0, ctx.memory.seq_pos_max(0) + 1)
 
 
-def run_gen(ctx: Context, n_gen: int, rng: random.Random) -> None:
+def run_gen(ctx: kvtool.Context, n_gen: int, rng: random.Random) -> None:
     """Decodes n_gen single random tokens on sequence 0, one decode each."""
     tok = first_token(ctx.model, rng)
     for _ in range(n_gen):
-        ctx.decode(Batch.from_tokens([tok], seq_id=0, pos0=None, logits="last"))
+        ctx.decode(kvtool.Batch.from_tokens([tok], seq_id=0, pos0=None, logits="last"))
         tok = rng.randrange(ctx.model.n_vocab)
 
 
@@ -173,7 +149,7 @@ def stdev(xs: list[float]) -> float:
 
 
 def run_bench_test(
-    ctx: Context,
+    ctx: kvtool.Context,
     test: BenchTest,
     reps: int,
     rng: random.Random,

@@ -8,8 +8,8 @@ import random
 import time
 from dataclasses import dataclass
 
-from kvtool.batch import Batch
-from kvtool.context import Context
+import kvtool
+from kvtool import Batch
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def batched_n_kv(pp: int, tg: int, pl: int, pps: bool, unified: bool) -> int:
     return pl * (pp + tg)
 
 
-def batched_skip_reason(ctx: Context, pp: int, tg: int, pl: int, pps: bool) -> str | None:
+def batched_skip_reason(ctx: kvtool.Context, pp: int, tg: int, pl: int, pps: bool) -> str | None:
     """Why the combination cannot run in this context, or None if it fits."""
     unified = ctx.params.kv_unified
     need = batched_n_kv(pp, tg, pl, pps, unified)
@@ -63,24 +63,17 @@ def batched_skip_reason(ctx: Context, pp: int, tg: int, pl: int, pps: bool) -> s
     return None
 
 
-def _decode_chunked(ctx: Context, batch: Batch) -> None:
-    """Decodes a batch in n_batch pieces (llama-batched-bench's decode_helper)."""
-    for i in range(0, len(batch), ctx.n_batch):
-        j = i + ctx.n_batch
-        ctx.decode(Batch(batch.tokens[i:j], batch.pos[i:j], batch.seq_ids[i:j], batch.logits[i:j]))
-
-
-def batched_warmup(ctx: Context, rng: random.Random) -> None:
+def batched_warmup(ctx: kvtool.Context, rng: random.Random) -> None:
     """16 random tokens on sequence 0, as llama-batched-bench warms up."""
     ctx.clear()
     b = Batch()
     for i in range(16):
         b.add(rng.randrange(ctx.model.n_vocab), i, (0,), False)
-    _decode_chunked(ctx, b)
+    kvtool.decode_batch(ctx, b)
 
 
 def batched_run(
-    ctx: Context, pp: int, tg: int, pl: int, pps: bool, rng: random.Random, tg_separate: bool = False
+    ctx: kvtool.Context, pp: int, tg: int, pl: int, pps: bool, rng: random.Random, tg_separate: bool = False
 ) -> BatchedResult:
     """Prompt phase: pl prompts of pp random tokens (or one, copied to every sequence with
     seq_cp after the clock stops, when `pps`). Generation phase: tg steps of one token per
@@ -92,7 +85,7 @@ def batched_run(
             b.add(rng.randrange(n_vocab), i, (s,), i == pp - 1)
     ctx.clear()
     t0 = time.perf_counter()
-    _decode_chunked(ctx, b)
+    kvtool.decode_batch(ctx, b)
     t_pp = time.perf_counter() - t0
     if pps:
         for s in range(1, pl):
@@ -101,13 +94,13 @@ def batched_run(
     if tg_separate:
         for s in range(pl):
             for i in range(tg):
-                _decode_chunked(ctx, Batch([rng.randrange(n_vocab)], [pp + i], [(s,)], [True]))
+                kvtool.decode_batch(ctx, Batch([rng.randrange(n_vocab)], [pp + i], [(s,)], [True]))
     else:
         for i in range(tg):
             step = Batch()
             for s in range(pl):
                 step.add(rng.randrange(n_vocab), pp + i, (s,), True)
-            _decode_chunked(ctx, step)
+            kvtool.decode_batch(ctx, step)
     t_tg = time.perf_counter() - t0
     n_kv = batched_n_kv(pp, tg, pl, pps, ctx.params.kv_unified)
     return BatchedResult(pp, tg, pl, pps, n_kv, t_pp, t_tg)

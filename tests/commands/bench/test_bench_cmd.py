@@ -16,7 +16,7 @@ import kvtool.commands.batched_bench
 import kvtool.commands.bench
 import kvtool.commands.parallel  # noqa: F401  (register the verbs; with one verb typer drops its name)
 from kvtool.commands import app
-from kvtool.commands.bench import FIELDS
+from kvtool.commands.bench.report import FIELDS
 
 runner = CliRunner()
 SMALL = ["-p", "16", "-n", "3", "-pg", "8,2", "-r", "2"]

@@ -1,26 +1,21 @@
-"""Prompt decoding and the token generation loop shared by the commands."""
+"""The token generation loop shared by the verbs, its timings, and text streaming."""
 
 from __future__ import annotations
 
 import codecs
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from kvtool.batch import Batch, DecodeError
-from kvtool.context import Context
-from kvtool.errors import KvtoolError
-from kvtool.sampling import Sampler
-
-
-class ContextFullError(KvtoolError):
-    """The prompt does not fit in the context."""
+import kvtool
 
 
 @dataclass
 class Timings:
+    """Tokens and seconds of prompt processing and of generation, summed over turns."""
+
     n_prompt: int = 0
     t_prompt: float = 0.0
     n_gen: int = 0
@@ -37,6 +32,8 @@ class Timings:
 
 @dataclass
 class Generation:
+    """The tokens a generation produced and why it stopped."""
+
     tokens: list[int]
     stop: str  # "eog" | "length" | "ctx_full" | "interrupted"
 
@@ -44,42 +41,20 @@ class Generation:
 class TextStream:
     """Token pieces to text, holding back incomplete UTF-8 sequences."""
 
-    def __init__(self, model: object) -> None:
+    def __init__(self, model: kvtool.Model) -> None:
         self.model = model
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push(self, token: int) -> str:
-        return self._dec.decode(self.model.token_to_piece(token, special=False))  # type: ignore[attr-defined]
+        return self._dec.decode(self.model.token_to_piece(token, special=False))
 
     def flush(self) -> str:
         return self._dec.decode(b"", final=True)
 
 
-def decode_tokens(
-    ctx: Context, tokens: Sequence[int], seq: int, pos0: int, timings: Timings | None = None
-) -> torch.Tensor:
-    """Decodes `tokens` at pos0.. in n_batch chunks; returns the last token's logits."""
-    if not tokens:
-        raise ValueError("nothing to decode")
-    if pos0 + len(tokens) > ctx.n_ctx_seq:
-        raise ContextFullError(
-            f"the prompt needs {pos0 + len(tokens)} positions but the context holds {ctx.n_ctx_seq} "
-            f"per sequence (raise -c/--ctx-size)"
-        )
-    t0 = time.perf_counter()
-    for i in range(0, len(tokens), ctx.n_batch):
-        chunk = tokens[i : i + ctx.n_batch]
-        last = i + len(chunk) == len(tokens)
-        ctx.decode(Batch.from_tokens(chunk, seq_id=seq, pos0=pos0 + i, logits="last" if last else "none"))
-    if timings is not None:
-        timings.n_prompt += len(tokens)
-        timings.t_prompt += time.perf_counter() - t0
-    return ctx.logits_ith(-1)
-
-
 def generate(
-    ctx: Context,
-    sampler: Sampler,
+    ctx: kvtool.Context,
+    sampler: kvtool.Sampler,
     logits: torch.Tensor,
     pos: int,
     n_predict: int,
@@ -114,8 +89,8 @@ def generate(
                 stop = "ctx_full"
                 break
             try:
-                ctx.decode(Batch.from_tokens([tok], seq_id=seq, pos0=pos, logits="last"))
-            except DecodeError as e:
+                ctx.decode(kvtool.Batch.from_tokens([tok], seq_id=seq, pos0=pos, logits="last"))
+            except kvtool.DecodeError as e:
                 if e.status != 1:
                     raise
                 stop = "ctx_full"

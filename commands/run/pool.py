@@ -9,17 +9,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from kvtool.chat import ChatSession
-from kvtool.context import Context
-from kvtool.errors import StateError
-from kvtool.state.store import ConversationStore
+import kvtool
+from kvtool.commands.run.chat import ChatSession
 
 
 class ConversationPool:
     """Opens, switches, saves and evicts named conversations (one sequence each)."""
 
     def __init__(
-        self, ctx: Context, store: ConversationStore, new_session: Callable[[int], ChatSession]
+        self, ctx: kvtool.Context, store: kvtool.ConversationStore, new_session: Callable[[int], ChatSession]
     ) -> None:
         """`new_session(seq)` makes an empty ChatSession on sequence `seq` of `ctx`."""
         self.ctx = ctx
@@ -35,7 +33,7 @@ class ConversationPool:
     def open(self, name: str) -> ChatSession:
         """The conversation `name`: already open, loaded from the store, or new and empty."""
         if not name:
-            raise StateError("a conversation needs a name")
+            raise kvtool.StateError("a conversation needs a name")
         if name in self._open:
             self._open.move_to_end(name)
             return self._open[name]
