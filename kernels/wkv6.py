@@ -10,8 +10,10 @@ w_log = -exp(x) is exact where w itself would round to 1): the chunked prompt fo
 log-decays, and the step form multiplies by exp(w_log), the f32 value ggml multiplies by.
 
 Layouts: r, k, v, w_log [n_seqs, n_tokens, n_head, head_size]; u [n_head, head_size];
-state [n_seqs, n_head, head_size, head_size]. Every function returns (out like v, new state)
-and leaves its inputs unchanged.
+state [n_seqs, n_head, head_size, head_size]. Every function leaves its inputs unchanged and
+returns (out like v, states): the step form the new state [n_seqs, n_head, N, N]; the others the
+states after each of the last `n_states` tokens, [n_seqs, n_states, n_head, N, N], oldest first
+(the last one is the final state; the others are what a rollback of the memory restores).
 """
 
 from __future__ import annotations
@@ -90,11 +92,23 @@ def wkv6_ref(
     w_log: torch.Tensor,
     u: torch.Tensor,
     state: torch.Tensor,
+    n_states: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """WKV-6 in torch: the step form for one token per sequence, the chunked form otherwise."""
-    if r.shape[1] == 1:
-        return wkv6_step_ref(r, k, v, w_log, u, state)
-    return wkv6_chunked_ref(r, k, v, w_log, u, state)
+    """WKV-6 in torch: the chunked form up to the first of the trailing `n_states` tokens, then
+    the step form for the others (a single token takes the step form only)."""
+    T = r.shape[1]
+    assert 1 <= n_states <= T, (n_states, T)
+    n0 = T - n_states + 1
+    if n0 == 1:
+        out, s = wkv6_step_ref(r[:, :1], k[:, :1], v[:, :1], w_log[:, :1], u, state)
+    else:
+        out, s = wkv6_chunked_ref(r[:, :n0], k[:, :n0], v[:, :n0], w_log[:, :n0], u, state)
+    outs, states = [out], [s]
+    for t in range(n0, T):
+        out, s = wkv6_step_ref(r[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], w_log[:, t : t + 1], u, s)
+        outs.append(out)
+        states.append(s)
+    return torch.cat(outs, dim=1), torch.stack(states, dim=1)
 
 
 @_jit
@@ -103,8 +117,8 @@ def _wkv6_kernel(
     u_ptr,  # [H, N]
     s_ptr,  # [B, H, N, N] state in
     o_ptr,  # [B, T, H, N]
-    so_ptr,  # [B, H, N, N] state out
-    T, H, N,
+    so_ptr,  # [B, n_states, H, N, N] states out
+    T, H, N, n_states,
     BK: tl.constexpr,
     BV: tl.constexpr,
 ):  # fmt: skip
@@ -131,7 +145,10 @@ def _wkv6_kernel(
         o = tl.sum((u[:, None] * kv + s) * r[:, None], axis=0)
         tl.store(o_ptr + base + offs_v, o.to(o_ptr.dtype.element_ty), mask=mv)
         s = s * tl.exp(w)[:, None] + kv
-    tl.store(so_ptr + s_off, s, mask=m2)
+        j = t - (T - n_states)
+        if j >= 0:  # one of the trailing states
+            so_off = ((b.to(tl.int64) * n_states + j) * H + h) * N * N
+            tl.store(so_ptr + so_off + offs_k[:, None] * N + offs_v[None, :], s, mask=m2)
 
 
 def wkv6_triton(
@@ -141,24 +158,26 @@ def wkv6_triton(
     w_log: torch.Tensor,
     u: torch.Tensor,
     state: torch.Tensor,
+    n_states: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton version of `wkv6_ref` (same contract; the state comes back in f32)."""
+    """Triton version of `wkv6_ref` (same contract; the states come back in f32)."""
     assert triton is not None, "wkv6_triton needs triton"
     B, T, H, N = r.shape
     for x in (k, v, w_log):
         assert x.shape == (B, T, H, N), (r.shape, x.shape)
     assert u.shape == (H, N) and state.shape == (B, H, N, N), (u.shape, state.shape)
+    assert 1 <= n_states <= T, (n_states, T)
     assert r.device == k.device == v.device == w_log.device == u.device == state.device
     r, k, v, w_log, u = (x.contiguous() for x in (r, k, v, w_log, u))
     s_in = state.float().contiguous()
     out = torch.empty_like(v)
-    s_out = torch.empty_like(s_in)
+    s_out = torch.empty(B, n_states, H, N, N, dtype=torch.float32, device=r.device)
     if B * H == 0:
         return out, s_out
     bk = max(16, triton.next_power_of_2(N))
     bv = min(bk, 64)
     grid = (B * H, triton.cdiv(N, bv))
-    _wkv6_kernel[grid](r, k, v, w_log, u, s_in, out, s_out, T, H, N, BK=bk, BV=bv)
+    _wkv6_kernel[grid](r, k, v, w_log, u, s_in, out, s_out, T, H, N, n_states, BK=bk, BV=bv)
     return out, s_out
 
 
@@ -173,8 +192,9 @@ def wkv6(
     w_log: torch.Tensor,
     u: torch.Tensor,
     state: torch.Tensor,
+    n_states: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """WKV-6 (see the module docstring): Triton on CUDA tensors, the reference elsewhere."""
     if _use_triton(r, k, v, w_log, u, state):
-        return wkv6_triton(r, k, v, w_log, u, state)
-    return wkv6_ref(r, k, v, w_log, u, state)
+        return wkv6_triton(r, k, v, w_log, u, state, n_states)
+    return wkv6_ref(r, k, v, w_log, u, state, n_states)

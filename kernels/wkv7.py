@@ -11,8 +11,10 @@ a = -kk and b = kk * iclr. The decay is given in log space (`w_log` = log w_t <=
 w = exp(-0.606531 * sigmoid(x)), so w_log = -0.606531 * sigmoid(x)).
 
 Layouts: r, w_log, k, v, a, b [n_seqs, n_tokens, n_head, head_size]; state [n_seqs, n_head,
-head_size, head_size]. Every function returns (out like v, new state) and leaves its inputs
-unchanged.
+head_size, head_size]. Every function leaves its inputs unchanged and returns (out like v,
+states): the step form the new state [n_seqs, n_head, N, N]; the others the states after each
+of the last `n_states` tokens, [n_seqs, n_states, n_head, N, N], oldest first (the last one is
+the final state; the others are what a rollback of the memory restores).
 """
 
 from __future__ import annotations
@@ -106,11 +108,24 @@ def wkv7_ref(
     a: torch.Tensor,
     b: torch.Tensor,
     state: torch.Tensor,
+    n_states: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """WKV-7 in torch: the step form for one token per sequence, the chunked form otherwise."""
-    if r.shape[1] == 1:
-        return wkv7_step_ref(r, w_log, k, v, a, b, state)
-    return wkv7_chunked_ref(r, w_log, k, v, a, b, state)
+    """WKV-7 in torch: the chunked form up to the first of the trailing `n_states` tokens, then
+    the step form for the others (a single token takes the step form only)."""
+    T = r.shape[1]
+    assert 1 <= n_states <= T, (n_states, T)
+    n0 = T - n_states + 1
+    xs = (r, w_log, k, v, a, b)
+    if n0 == 1:
+        out, s = wkv7_step_ref(*(x[:, :1] for x in xs), state)
+    else:
+        out, s = wkv7_chunked_ref(*(x[:, :n0] for x in xs), state)
+    outs, states = [out], [s]
+    for t in range(n0, T):
+        out, s = wkv7_step_ref(*(x[:, t : t + 1] for x in xs), s)
+        outs.append(out)
+        states.append(s)
+    return torch.cat(outs, dim=1), torch.stack(states, dim=1)
 
 
 @_jit
@@ -118,8 +133,8 @@ def _wkv7_kernel(
     r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # [B, T, H, N] contiguous
     s_ptr,  # [B, H, N, N] state in
     o_ptr,  # [B, T, H, N]
-    so_ptr,  # [B, H, N, N] state out
-    T, H, N,
+    so_ptr,  # [B, n_states, H, N, N] states out
+    T, H, N, n_states,
     BK: tl.constexpr,
     BV: tl.constexpr,
 ):  # fmt: skip
@@ -147,7 +162,10 @@ def _wkv7_kernel(
         s = s * tl.exp(w)[None, :] + v[:, None] * k[None, :] + sa[:, None] * b[None, :]
         o = tl.sum(s * r[None, :], axis=1)
         tl.store(o_ptr + base + offs_v, o.to(o_ptr.dtype.element_ty), mask=mv)
-    tl.store(so_ptr + s_off, s, mask=m2)
+        j = t - (T - n_states)
+        if j >= 0:  # one of the trailing states
+            so_off = ((bi.to(tl.int64) * n_states + j) * H + h) * N * N
+            tl.store(so_ptr + so_off + offs_v[:, None] * N + offs_k[None, :], s, mask=m2)
 
 
 def wkv7_triton(
@@ -158,24 +176,26 @@ def wkv7_triton(
     a: torch.Tensor,
     b: torch.Tensor,
     state: torch.Tensor,
+    n_states: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton version of `wkv7_ref` (same contract; the state comes back in f32)."""
+    """Triton version of `wkv7_ref` (same contract; the states come back in f32)."""
     assert triton is not None, "wkv7_triton needs triton"
     B, T, H, N = r.shape
     for x in (w_log, k, v, a, b):
         assert x.shape == (B, T, H, N), (r.shape, x.shape)
     assert state.shape == (B, H, N, N), state.shape
+    assert 1 <= n_states <= T, (n_states, T)
     assert r.device == w_log.device == k.device == v.device == a.device == b.device == state.device
     r, w_log, k, v, a, b = (x.contiguous() for x in (r, w_log, k, v, a, b))
     s_in = state.float().contiguous()
     out = torch.empty_like(v)
-    s_out = torch.empty_like(s_in)
+    s_out = torch.empty(B, n_states, H, N, N, dtype=torch.float32, device=r.device)
     if B * H == 0:
         return out, s_out
     bk = max(16, triton.next_power_of_2(N))
     bv = min(bk, 32)
     grid = (B * H, triton.cdiv(N, bv))
-    _wkv7_kernel[grid](r, w_log, k, v, a, b, s_in, out, s_out, T, H, N, BK=bk, BV=bv)
+    _wkv7_kernel[grid](r, w_log, k, v, a, b, s_in, out, s_out, T, H, N, n_states, BK=bk, BV=bv)
     return out, s_out
 
 
@@ -191,8 +211,9 @@ def wkv7(
     a: torch.Tensor,
     b: torch.Tensor,
     state: torch.Tensor,
+    n_states: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """WKV-7 (see the module docstring): Triton on CUDA tensors, the reference elsewhere."""
     if _use_triton(r, w_log, k, v, a, b, state):
-        return wkv7_triton(r, w_log, k, v, a, b, state)
-    return wkv7_ref(r, w_log, k, v, a, b, state)
+        return wkv7_triton(r, w_log, k, v, a, b, state, n_states)
+    return wkv7_ref(r, w_log, k, v, a, b, state, n_states)

@@ -88,10 +88,10 @@ class RWKVModel(abc.ABC):
 
     @abc.abstractmethod
     def time_mix(
-        self, il: int, x: torch.Tensor, x_prev: torch.Tensor, state: torch.Tensor, carry: Carry
+        self, il: int, x: torch.Tensor, x_prev: torch.Tensor, state: torch.Tensor, carry: Carry, n_states: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x, x_prev [n_seqs, n_seq_tokens, n_embd]; state [n_seqs, n_head, N, N] ->
-        (output like x, the state after the ubatch)."""
+        """x, x_prev [n_seqs, n_seq_tokens, n_embd]; state [n_seqs, n_head, N, N] -> (output like
+        x, the WKV states after each of the last `n_states` tokens [n_seqs, n_states, n_head, N, N])."""
 
     @abc.abstractmethod
     def channel_mix(self, il: int, x: torch.Tensor, x_prev: torch.Tensor) -> torch.Tensor:
@@ -113,13 +113,18 @@ class RWKVModel(abc.ABC):
         carry = Carry()
         for il in range(self.hp.n_layer):
             view = mctx.layer_view(il)  # type: ignore[attr-defined]
+            ns = view.n_states  # > 1: the memory keeps rollback snapshots of the trailing tokens
             x3 = x.view(n_seqs, n_st, -1)
             att = layer_norm(x3, *c.attn_norm[il], eps)
-            tm, wkv_state = self.time_mix(il, att, token_shift(att, view.conv[:, 0]), view.ssm, carry)
+            tm, wkv_states = self.time_mix(il, att, token_shift(att, view.conv[:, 0]), view.ssm, carry, ns)
             ffn_inp = x3 + tm
             ffn = layer_norm(ffn_inp, *c.attn_norm_2[il], eps)
             ffn_prev = token_shift(ffn, view.conv[:, 1])
-            view.store(torch.stack([att[:, -1], ffn[:, -1]], dim=1), wkv_state)
+            shifts = torch.stack([att[:, -ns:], ffn[:, -ns:]], dim=2)  # [n_seqs, ns, 2, n_embd]
+            if ns == 1:
+                view.store(shifts[:, 0], wkv_states[:, 0])
+            else:
+                view.store(shifts, wkv_states)
             ffn_inp, ffn, ffn_prev = (t.reshape(n, -1) for t in (ffn_inp, ffn, ffn_prev))
             if il == self.hp.n_layer - 1:  # only output rows need the rest
                 rows = torch.from_numpy(ub.output)

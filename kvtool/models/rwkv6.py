@@ -94,7 +94,7 @@ class RWKV6Model(RWKVModel):
         self.layers = [_load_layer(f, il, hp.n_embd) for il in range(hp.n_layer)]
 
     def time_mix(
-        self, il: int, x: torch.Tensor, x_prev: torch.Tensor, state: torch.Tensor, carry: Carry
+        self, il: int, x: torch.Tensor, x_prev: torch.Tensor, state: torch.Tensor, carry: Carry, n_states: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         L = self.layers[il]
         B, T, E = x.shape
@@ -109,9 +109,9 @@ class RWKV6Model(RWKVModel):
         g = F.silu(F.linear(xg, L.wg))
         # w = exp(-exp(d)): kept as its logarithm -exp(d), which the kernel exponentiates.
         w_log = -torch.exp(L.decay + F.linear(torch.tanh(F.linear(xw, L.decay_w1)), L.decay_w2))
-        out, new_state = wkv6(r, k, v, w_log.view(B, T, H, N), L.first, state)
+        out, states = wkv6(r, k, v, w_log.view(B, T, H, N), L.first, state, n_states)
         out = head_group_norm(out.reshape(B, T, E), L.ln, L.ln_b, N) * g
-        return F.linear(out, L.wo), new_state
+        return F.linear(out, L.wo), states
 
     def channel_mix(self, il: int, x: torch.Tensor, x_prev: torch.Tensor) -> torch.Tensor:
         L = self.layers[il]

@@ -101,7 +101,7 @@ class RWKV7Model(RWKVModel):
         self.layers = [_load_layer(f, il, hp.n_embd, self.rwkv.n_head) for il in range(hp.n_layer)]
 
     def time_mix(
-        self, il: int, x: torch.Tensor, x_prev: torch.Tensor, state: torch.Tensor, carry: Carry
+        self, il: int, x: torch.Tensor, x_prev: torch.Tensor, state: torch.Tensor, carry: Carry, n_states: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         L = self.layers[il]
         B, T, E = x.shape
@@ -121,15 +121,15 @@ class RWKV7Model(RWKVModel):
         ka = k * L.k_a
         k = k + (a * ka - ka)
         k4, a4 = k.view(B, T, H, N), a.view(B, T, H, N)
-        out, new_state = wkv7(
-            r.view(B, T, H, N), w_log.view(B, T, H, N), k4, v.view(B, T, H, N), -kk, kk * a4, state
+        out, states = wkv7(
+            r.view(B, T, H, N), w_log.view(B, T, H, N), k4, v.view(B, T, H, N), -kk, kk * a4, state, n_states
         )
         out = out.reshape(B, T, E)
         if L.ln is not None and L.ln_b is not None:
             out = head_group_norm(out, L.ln, L.ln_b, N)
         bonus = (k4 * r.view(B, T, H, N) * L.r_k).sum(-1, keepdim=True) * v.view(B, T, H, N)
         out = (out + bonus.reshape(B, T, E)) * g
-        return F.linear(out, L.wo), new_state
+        return F.linear(out, L.wo), states
 
     def channel_mix(self, il: int, x: torch.Tensor, x_prev: torch.Tensor) -> torch.Tensor:
         L = self.layers[il]

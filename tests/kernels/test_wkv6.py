@@ -14,16 +14,19 @@ from kvtool.kernels.wkv6 import wkv6, wkv6_chunked_ref, wkv6_ref, wkv6_step_ref,
 
 
 def naive_wkv6(r, k, v, w_log, u, state):  # type: ignore[no-untyped-def]
-    """ggml's rwkv_wkv6 loop, token by token, in float64: state S[key i, value j]."""
+    """ggml's rwkv_wkv6 loop, token by token, in float64: state S[key i, value j]. Returns the
+    outputs and the state after every token [B, T, H, N, N]."""
     B, T, H, N = r.shape
     s = state.double().clone()
     out = torch.zeros(B, T, H, N, dtype=torch.float64)
+    states = []
     for t in range(T):
         for i in range(N):
             kv = k[:, t, :, i, None].double() * v[:, t].double()  # [B, H, N(value)]
             out[:, t] += r[:, t, :, i, None].double() * (u[None, :, i, None].double() * kv + s[:, :, i])
             s[:, :, i] = torch.exp(w_log[:, t, :, i, None].double()) * s[:, :, i] + kv
-    return out, s
+        states.append(s.clone())
+    return out, torch.stack(states, dim=1)
 
 
 def make_inputs(B: int, T: int, H: int, N: int, seed: int, decay_scale: float = 1.0):  # type: ignore[no-untyped-def]
@@ -44,28 +47,30 @@ SHAPES = [(1, 1, 1, 16), (2, 5, 3, 16), (1, 33, 2, 8), (3, 70, 2, 16), (1, 40, 1
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_reference_matches_recurrence(shape: tuple[int, int, int, int]) -> None:
     args = make_inputs(*shape, seed=sum(shape))
-    want_out, want_state = naive_wkv6(*args)
-    out, state = wkv6_ref(*args)
+    want_out, want_states = naive_wkv6(*args)
+    n_states = min(3, shape[1])
+    out, states = wkv6_ref(*args, n_states=n_states)
+    assert states.shape == (shape[0], n_states, shape[2], shape[3], shape[3])
     scale = max(1.0, want_out.abs().max().item())
     torch.testing.assert_close(out.double() / scale, want_out / scale, atol=2e-6, rtol=0)
-    torch.testing.assert_close(state.double(), want_state, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(states.double(), want_states[:, -n_states:], atol=1e-4, rtol=1e-5)
 
 
 def test_step_form_matches_recurrence() -> None:
     args = make_inputs(3, 1, 2, 16, seed=5)
-    want_out, want_state = naive_wkv6(*args)
+    want_out, want_states = naive_wkv6(*args)
     out, state = wkv6_step_ref(*args)
     torch.testing.assert_close(out.double(), want_out, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(state.double(), want_state, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state.double(), want_states[:, -1], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 16, 64])
 def test_chunk_size_does_not_change_result(chunk: int) -> None:
     args = make_inputs(2, 45, 2, 16, seed=9)
-    want_out, want_state = naive_wkv6(*args)
+    want_out, want_states = naive_wkv6(*args)
     out, state = wkv6_chunked_ref(*args, chunk=chunk)
     torch.testing.assert_close(out.double(), want_out, atol=1e-4, rtol=1e-5)
-    torch.testing.assert_close(state.double(), want_state, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(state.double(), want_states[:, -1], atol=1e-4, rtol=1e-5)
 
 
 def test_prompt_then_steps_equals_one_pass() -> None:
@@ -74,7 +79,7 @@ def test_prompt_then_steps_equals_one_pass() -> None:
     out, s = wkv6_ref(r[:, :17], k[:, :17], v[:, :17], w_log[:, :17], u, s0)
     outs = [out]
     for t in range(17, 20):
-        o, s = wkv6_ref(r[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], w_log[:, t : t + 1], u, s)
+        o, s = wkv6_ref(r[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], w_log[:, t : t + 1], u, s[:, -1])
         outs.append(o)
     torch.testing.assert_close(torch.cat(outs, dim=1), full_out, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(s, full_state, atol=1e-4, rtol=1e-5)
@@ -98,11 +103,12 @@ def test_triton_matches_reference_random_shapes(seed: int) -> None:
     g = torch.Generator().manual_seed(100 + seed)
     B, T, H = (int(torch.randint(1, hi, (1,), generator=g)) for hi in (4, 12, 4))
     N = [8, 16, 24, 64][seed % 4]
+    n_states = 1 + seed % min(3, T)
     args = make_inputs(B, T, H, N, seed=seed)
-    want_out, want_state = wkv6_ref(*args)
-    out, state = wkv6_triton(*args)
+    want_out, want_states = wkv6_ref(*args, n_states=n_states)
+    out, states = wkv6_triton(*args, n_states=n_states)
     torch.testing.assert_close(out, want_out, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(state, want_state, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(states, want_states, atol=1e-4, rtol=1e-4)
 
 
 def test_dispatcher_on_cpu_uses_reference(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,6 +128,6 @@ def test_imports_without_triton() -> None:
         "assert wkv6.triton is None\n"
         "x = torch.randn(1, 2, 1, 16)\n"
         "out, s = wkv6.wkv6(x, x, x, -x.abs(), torch.ones(1, 16), torch.zeros(1, 1, 16, 16))\n"
-        "assert out.shape == (1, 2, 1, 16) and s.shape == (1, 1, 16, 16)\n"
+        "assert out.shape == (1, 2, 1, 16) and s.shape == (1, 1, 1, 16, 16)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
