@@ -115,14 +115,15 @@ def wkv7_ref(
     T = r.shape[1]
     assert 1 <= n_states <= T, (n_states, T)
     n0 = T - n_states + 1
-    xs = (r, w_log, k, v, a, b)
-    if n0 == 1:
-        out, s = wkv7_step_ref(*(x[:, :1] for x in xs), state)
-    else:
-        out, s = wkv7_chunked_ref(*(x[:, :n0] for x in xs), state)
+    T6 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+    def span(t0: int, t1: int) -> T6:
+        return r[:, t0:t1], w_log[:, t0:t1], k[:, t0:t1], v[:, t0:t1], a[:, t0:t1], b[:, t0:t1]
+
+    out, s = wkv7_step_ref(*span(0, 1), state) if n0 == 1 else wkv7_chunked_ref(*span(0, n0), state)
     outs, states = [out], [s]
     for t in range(n0, T):
-        out, s = wkv7_step_ref(*(x[:, t : t + 1] for x in xs), s)
+        out, s = wkv7_step_ref(*span(t, t + 1), s)
         outs.append(out)
         states.append(s)
     return torch.cat(outs, dim=1), torch.stack(states, dim=1)
