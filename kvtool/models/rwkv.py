@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from kvtool.batch import UBatch
 from kvtool.errors import ModelLoadError
 from kvtool.gguf_file import GGUFFile
+from kvtool.memory.base import MemoryContext
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec
 from kvtool.models.hparams import HParams
 
@@ -129,7 +130,7 @@ class RWKVModel(abc.ABC):
         layer = RSLayerSpec(conv_shape=(2, n_embd), ssm_shape=(n_head, hs, hs))
         return RecurrentSpec(layers={il: layer for il in range(self.hp.n_layer)})
 
-    def forward(self, ub: UBatch, mctx: object) -> torch.Tensor:
+    def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order.
 
         The ubatch holds n_seqs blocks of n_seq_tokens rows, one block per sequence."""
@@ -139,7 +140,7 @@ class RWKVModel(abc.ABC):
         x = layer_norm(c.tok_embd[torch.from_numpy(ub.token)], c.tok_norm, c.tok_norm_b, eps)  # [n, n_embd]
         carry = Carry()
         for il in range(self.hp.n_layer):
-            view = mctx.layer_view(il)  # type: ignore[attr-defined]
+            view = mctx.layer_view(il)  # an RSView
             ns = view.n_states  # > 1: the memory keeps rollback snapshots of the trailing tokens
             x3 = x.view(n_seqs, n_st, -1)
             att = layer_norm(x3, *c.attn_norm[il], eps)
