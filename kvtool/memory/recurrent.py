@@ -231,7 +231,7 @@ class RecurrentMemory(PartBatches, SeqOps):
         cur = self.seq_pos_max(seq_id)
         if pos > cur:
             return pos == cur + 1
-        return cur - (pos - 1) <= int(self.cells.n_hist[seq_id]) or self._can_undo(seq_id, pos)
+        return cur - (pos - 1) <= int(self.cells.n_hist[seq_id])
 
     def can_shift(self) -> bool:
         return False
