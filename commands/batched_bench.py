@@ -94,6 +94,10 @@ def batched_bench(
             ctx_size = max(batched_n_kv(pp, tg, pl, pps, True) for pp, tg, pl in combos)
         else:
             ctx_size = max(pl_list) * max(pp + tg for pp, tg, _ in combos)
+    if threads:
+        import torch  # interim: the engine/tool split lands next
+
+        torch.set_num_threads(threads)
     params = kvtool.ContextParams(
         n_ctx=ctx_size,
         n_batch=batch_size,
@@ -101,7 +105,6 @@ def batched_bench(
         n_seq_max=max(pl_list),  # every sequence of the largest B needs an id
         kv_unified=kv_unified,
         swa_full=swa_full,
-        n_threads=threads,
     )
     with warnings.catch_warnings():  # the geometry (n_ctx_seq) is printed below
         warnings.simplefilter("ignore")

@@ -243,8 +243,10 @@ def _context(
         swa_full=swa_full,
         type_k=inst.type_k,
         type_v=inst.type_v,
-        n_threads=inst.n_threads,
     )
+    import torch  # interim: threads are set by the command (the engine/tool split lands next)
+
+    torch.set_num_threads(inst.n_threads)
     return kvtool.Context(m, params)
 
 

@@ -166,6 +166,10 @@ def parallel(
         where = f"{server} (model '{model}')"
         out.print(f"parallel: simulating {n_parallel} clients against {server}")
     else:
+        if threads:
+            import torch  # interim: the engine/tool split lands next
+
+            torch.set_num_threads(threads)
         m = load_model_with_status(model, err)
         cp = kvtool.ContextParams(
             n_ctx=ctx_size,
@@ -174,7 +178,6 @@ def parallel(
             n_seq_max=n_parallel + 1,  # sequence 0 holds the system prompt
             kv_unified=kv_unified,
             swa_full=swa_full,
-            n_threads=threads,
         )
         with warnings.catch_warnings():  # the geometry (n_ctx_seq) is printed below
             warnings.simplefilter("ignore")

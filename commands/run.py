@@ -67,6 +67,10 @@ def run(
     ] = None,
 ) -> None:
     """Chat with a model (interactive, or turns read from a pipe), or complete one prompt (-p)."""
+    if threads:
+        import torch  # interim: threads are set by the command (the engine/tool split lands next)
+
+        torch.set_num_threads(threads)
     m = load_model_with_status(model, err)
     if jinja:
         m.use_chat_template(jinja=True)
@@ -79,7 +83,6 @@ def run(
             n_seq_max=parallel or (4 if store is not None else 1),
             kv_unified=kv_unified,
             swa_full=swa_full,
-            n_threads=threads,
         ),
     )
     sp = kvtool.SamplerParams(

@@ -175,7 +175,8 @@ def _memory_lines(layout: dict, name: str) -> list[str]:  # type: ignore[type-ar
     swa = f", window {layout['swa']['n_swa']}" if layout.get("swa") else ""
     return [
         f"{name}: {layout.get('kind')} {mode}, {layout.get('n_stream')} stream(s) x "
-        f"{layout.get('n_cells')} cells, {layout.get('dtype')}, {len(layout.get('layers', []))} layers"
+        f"{layout.get('n_cells')} cells, K {layout.get('type_k')} V {layout.get('type_v')}, "
+        f"{len(layout.get('layers', []))} layers"
         f"{swa}; {layout.get('n_rows')} cells saved"
     ]
 

@@ -16,7 +16,8 @@ from kvtool.errors import KvtoolError
 class DecodeError(KvtoolError):
     """A decode was refused or failed. `status` follows llama_decode's return codes:
     1 = no memory slot for the batch (retry with a smaller batch or free cells),
-    -1 = invalid batch, 2 = aborted, -3 = compute failure."""
+    -1 = invalid batch, -3 = compute failure (out of memory). A KeyboardInterrupt during a
+    decode propagates as itself, after the memory was rolled back."""
 
     def __init__(self, message: str, status: int = -1) -> None:
         super().__init__(message)

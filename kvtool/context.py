@@ -11,10 +11,8 @@ import torch
 
 from kvtool.batch import Batch, BatchAllocator, DecodeError
 from kvtool.errors import KvtoolError
-from kvtool.memory.base import MemoryStatus
-from kvtool.memory.kv_cache import KVCache, KVCacheParams, KVLayerSpec
-from kvtool.memory.kv_cells import SWAParams
-from kvtool.memory.swa_kv_cache import SWAKVCache
+from kvtool.memory.base import Memory, MemoryStatus
+from kvtool.memory.spec import MemoryParams, pad
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -37,13 +35,8 @@ class ContextParams:
     n_seq_max: int = 1
     kv_unified: bool = False
     swa_full: bool = False
-    type_k: str = "f32"
-    type_v: str = "f32"
-    n_threads: int | None = None
-
-
-def pad(n: int, to: int = 256) -> int:
-    return (n + to - 1) // to * to
+    type_k: str = "f32"  # K cache type: f32, f16, bf16
+    type_v: str = "f32"  # V cache type, independent of K
 
 
 class Context:
@@ -60,8 +53,6 @@ class Context:
         for t in (p.type_k, p.type_v):
             if t not in _DTYPES:
                 raise KvtoolError(f"unsupported KV cache type '{t}' (f32, f16, bf16)")
-        if p.n_threads:
-            torch.set_num_threads(p.n_threads)
         self.model = model
         self.params = p
         self.n_batch = p.n_batch
@@ -79,32 +70,20 @@ class Context:
                 )
             self.n_ctx_seq = pad(n_ctx // p.n_seq_max)
             self.n_ctx = self.n_ctx_seq * p.n_seq_max
-        self.memory = self._build_memory()
+        self.memory: Memory = model.memory_spec().build(
+            MemoryParams(
+                n_ctx_seq=self.n_ctx_seq,
+                n_seq_max=p.n_seq_max,
+                n_ubatch=self.n_ubatch,
+                kv_unified=p.kv_unified,
+                swa_full=p.swa_full,
+                type_k=_DTYPES[p.type_k],
+                type_v=_DTYPES[p.type_v],
+            )
+        )
         self._logits = torch.empty(0, model.n_vocab)
         self._out_row = np.zeros(0, dtype=np.int64)  # batch index -> logits row (-1: none)
         self.n_decoded = 0  # tokens computed over the context's life (for timings)
-
-    def _build_memory(self) -> KVCache | SWAKVCache:
-        """The memory the model's layers ask for: one KVCache, or a base + sliding-window pair
-        whose window cache holds pad256(min(n_ctx_seq, n_swa * (n_seq_max if unified else 1)
-        + n_ubatch)) cells per stream (all of n_ctx_seq with swa_full), as llama.cpp sizes it."""
-        spec = self.model.memory_spec()
-        p = self.params
-
-        def cache(layers: dict[int, KVLayerSpec], n_cells: int, swa: SWAParams | None) -> KVCache:
-            kv = KVCacheParams(n_cells, p.n_seq_max, p.kv_unified, swa, _DTYPES[p.type_k])
-            return KVCache(layers, kv, self.model.rope_shift)
-
-        if not spec.swa_layers:
-            return cache(spec.kv, self.n_ctx_seq, None)
-        assert spec.swa is not None
-        base = {il: s for il, s in spec.kv.items() if il not in spec.swa_layers}
-        win = {il: s for il, s in spec.kv.items() if il in spec.swa_layers}
-        n_swa_cells = self.n_ctx_seq
-        if not p.swa_full:
-            want = spec.swa.n_swa * (p.n_seq_max if p.kv_unified else 1) + self.n_ubatch
-            n_swa_cells = pad(min(self.n_ctx_seq, want))
-        return SWAKVCache(cache(base, self.n_ctx_seq, None), cache(win, n_swa_cells, spec.swa))
 
     # -- decode ---------------------------------------------------------------------------------
     def decode(self, batch: Batch) -> None:
@@ -113,10 +92,10 @@ class Context:
         if len(batch) > self.n_batch:
             raise DecodeError(f"batch of {len(batch)} tokens exceeds n_batch = {self.n_batch}", -1)
         alloc = BatchAllocator(batch, self.model.n_vocab, self.params.n_seq_max, self.memory)
-        upd = self.memory.init_update(False)
+        upd = self.memory.init_update()
         if upd.status == MemoryStatus.SUCCESS:
             upd.apply()
-        mctx = self.memory.init_batch(alloc, self.n_ubatch, False)
+        mctx = self.memory.init_batch(alloc, self.n_ubatch)
         if mctx.status != MemoryStatus.SUCCESS:
             raise DecodeError(
                 f"no room in the KV cache for {alloc.n_tokens} tokens "
@@ -136,6 +115,9 @@ class Context:
                         logits[torch.from_numpy(out_row[ub.idx[ub.output]])] = rows
                     if not mctx.next():
                         break
+        except (MemoryError, torch.OutOfMemoryError) as e:
+            self._rollback(alloc)
+            raise DecodeError(f"compute failed: out of memory ({alloc.n_tokens} tokens)", -3) from e
         except BaseException:
             self._rollback(alloc)
             raise
@@ -169,16 +151,14 @@ class Context:
         position a token at `pos` attends to must still be held. A sliding-window cache forgets
         old positions, so going back further than the window means decoding from the start
         (llama-server's "forcing full prompt re-processing ... SWA")."""
-        if pos == 0:
-            return True
-        p_min = self.memory.seq_pos_min(seq)
-        return 0 <= p_min <= self.memory.first_needed(pos)
+        return self.memory.seq_can_resume(seq, pos)
 
     def clear(self) -> None:
         """Forget every sequence (llama_memory_clear(data=true))."""
         self.memory.clear(True)
 
     def n_used_cells(self) -> int:
+        """Cells in use (of the primary part of a composite memory)."""
         return self.memory.n_used()
 
     # -- state (llama_state_*; the format is docs/state-format.md) --------------------------------

@@ -11,7 +11,7 @@ from kvtool.batch import UBatch
 from kvtool.chat_template import ChatTemplate, select_chat_template
 from kvtool.errors import ModelLoadError
 from kvtool.gguf_file import GGUFFile
-from kvtool.memory.base import AttentionContext
+from kvtool.memory.base import MemoryContext
 from kvtool.memory.spec import MemorySpec
 from kvtool.models import ARCHITECTURES
 from kvtool.models.hparams import HParams
@@ -96,12 +96,10 @@ class Model:
 
     # -- compute --------------------------------------------------------------------------------
     def memory_spec(self) -> MemorySpec:
+        """The memory each layer needs; a context builds it with its own parameters."""
         return self.impl.memory_spec()
 
-    def rope_shift(self, il: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        return self.impl.rope_shift(il, k, delta)
-
-    def forward(self, ub: UBatch, mctx: AttentionContext) -> torch.Tensor:
+    def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         return self.impl.forward(ub, mctx)
 
 

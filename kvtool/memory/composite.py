@@ -77,7 +77,9 @@ class Composite(SeqOps):
         plans = [p.prepare(ubatches) for p in self.parts.values()]
         if any(plan is None for plan in plans):
             return FailedPrepare()
-        ctxs = {name: p.context(ubatches, plan) for (name, p), plan in zip(self.parts.items(), plans, strict=True)}
+        ctxs = {
+            name: p.context(ubatches, plan) for (name, p), plan in zip(self.parts.items(), plans, strict=True)
+        }
         return CompositeContext(ctxs, self._route, MemoryStatus.SUCCESS)
 
     def init_update(self) -> MemoryContext:

@@ -12,13 +12,29 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvtool.batch import BatchAllocator, DecodeError, UBatch
-from kvtool.errors import KvtoolError
-from kvtool.memory.base import MemoryStatus, NoUpdate, pos_range
+from kvtool.batch import Split, UBatch
+from kvtool.memory import kv_cache_state
+from kvtool.memory.base import (
+    Clear,
+    Commit,
+    MemoryRefused,
+    MemoryStatus,
+    NoUpdate,
+    PartBatches,
+    SeqAdd,
+    SeqCp,
+    SeqDiv,
+    SeqKeep,
+    SeqOp,
+    SeqOps,
+    SeqRm,
+    pos_range,
+)
 from kvtool.memory.kv_cache_context import KVCacheContext
 from kvtool.memory.kv_cells import KVCells, SWAParams, seq_bit
+from kvtool.state.io import StateReader, StateWriter
 
-# (layer, K rows [n, n_head_kv, head_dim], position deltas [n]) -> rotated K rows
+# (layer, K rows [n, n_head_kv, head_dim] in float32, position deltas [n]) -> rotated K rows
 ShiftFn = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -37,35 +53,56 @@ class KVCacheParams:
     n_seq_max: int
     unified: bool
     swa: SWAParams | None = None
-    dtype: torch.dtype = torch.float32
+    type_k: torch.dtype = torch.float32
+    type_v: torch.dtype = torch.float32
     device: str | torch.device = "cpu"
 
 
-class KVCache:
+def _nothing() -> None:
+    return None
+
+
+class KVCache(SeqOps, PartBatches):
     """K/V tensors `[n_stream, n_cells, n_head_kv, head_dim]` per layer, and their cells."""
 
+    kind = "kv"
+
     def __init__(
-        self, layers: dict[int, KVLayerSpec], params: KVCacheParams, shift_fn: ShiftFn | None
+        self, specs: dict[int, KVLayerSpec], params: KVCacheParams, shift_fn: ShiftFn | None
     ) -> None:
         self.params = params
-        self.layers = layers
+        self.specs = specs
         self.n_stream = 1 if params.unified else params.n_seq_max
         self.n_cells = params.n_cells
         self.cells = [KVCells(params.n_cells) for _ in range(self.n_stream)]
         self.shift_fn = shift_fn
         shape = (self.n_stream, params.n_cells)
+        dev = params.device
         self.k = {
-            il: torch.zeros(*shape, s.n_head_kv, s.head_dim_k, dtype=params.dtype, device=params.device)
-            for il, s in layers.items()
-        }
+            il: torch.zeros(*shape, s.n_head_kv, s.head_dim_k, dtype=params.type_k, device=dev)
+            for il, s in specs.items()
+        }  # [n_stream, n_cells, n_head_kv, head_dim_k]
         self.v = {
-            il: torch.zeros(*shape, s.n_head_kv, s.head_dim_v, dtype=params.dtype, device=params.device)
-            for il, s in layers.items()
-        }
+            il: torch.zeros(*shape, s.n_head_kv, s.head_dim_v, dtype=params.type_v, device=dev)
+            for il, s in specs.items()
+        }  # [n_stream, n_cells, n_head_kv, head_dim_v]
+
+    @property
+    def layers(self) -> frozenset[int]:
+        return frozenset(self.specs)
+
+    @property
+    def split(self) -> Split:
+        """unified: tokens in batch order; split: equal tokens per consecutive sequences."""
+        return Split.SIMPLE if self.params.unified else Split.EQUAL_SEQUENTIAL
 
     # -- sequences and streams ------------------------------------------------------------------
     def stream_of(self, seq_id: int) -> int:
         return 0 if self.params.unified else seq_id
+
+    def _check_seq(self, seq_id: int) -> None:
+        if not 0 <= seq_id < self.params.n_seq_max:
+            raise MemoryRefused(f"sequence {seq_id} is out of range (n_seq_max = {self.params.n_seq_max})")
 
     def _streams_for(self, seq_id: int) -> list[int]:
         return list(range(self.n_stream)) if seq_id < 0 else [self.stream_of(seq_id)]
@@ -76,91 +113,123 @@ class KVCache:
     def seq_pos_max(self, seq_id: int) -> int:
         return self.cells[self.stream_of(seq_id)].seq_pos_max(seq_id)
 
+    def seq_can_resume(self, seq_id: int, pos: int) -> bool:
+        """A token at `pos` attends back to the window's start (or 0): those cells must be held."""
+        if pos == 0:
+            return True
+        swa = self.params.swa
+        first = 0 if swa is None or swa.kind != "standard" else max(0, pos - swa.n_swa + 1)
+        return 0 <= self.seq_pos_min(seq_id) <= first
+
     def n_used(self) -> int:
         return sum(c.n_used() for c in self.cells)
 
-    def clear(self, data: bool) -> None:
+    def can_shift(self) -> bool:
+        return self.shift_fn is not None
+
+    # -- sequence operations: planned, then committed --------------------------------------------
+    def plan(self, op: SeqOp) -> Commit:
+        if isinstance(op, Clear):
+            return lambda: self._clear(op.data)
+        if isinstance(op, SeqCp):
+            return self._plan_cp(op)
+        seq = op.seq_id
+        if seq >= 0 or not isinstance(op, SeqRm):
+            self._check_seq(seq)
+        if isinstance(op, SeqRm):
+            lo, hi = pos_range(op.p0, op.p1)
+            streams = self._streams_for(seq)
+
+            def rm() -> None:
+                for s in streams:
+                    self.cells[s].seq_rm(seq, lo, hi)
+
+            return rm
+        if isinstance(op, SeqKeep):
+            return lambda: self._keep(seq)
+        lo, hi = pos_range(op.p0, op.p1)
+        if isinstance(op, SeqAdd):
+            if lo == hi or op.delta == 0:
+                return _nothing
+            self._check_shift()
+            return lambda: self.cells[self.stream_of(seq)].seq_add(seq, lo, hi, op.delta)
+        if isinstance(op, SeqDiv):
+            if op.d < 1:
+                raise MemoryRefused(f"seq_div needs a divisor >= 1, got {op.d}")
+            if lo == hi or op.d == 1:
+                return _nothing
+            self._check_shift()
+            return lambda: self.cells[self.stream_of(seq)].seq_div(seq, lo, hi, op.d)
+        raise TypeError(f"unknown memory operation {op!r}")
+
+    def _check_shift(self) -> None:
+        if self.shift_fn is None:
+            raise MemoryRefused("positions cannot move in this memory (the model has no position shift)")
+
+    def _clear(self, data: bool) -> None:
         for c in self.cells:
             c.reset()
         if data:
             for t in (*self.k.values(), *self.v.values()):
                 t.zero_()
 
-    def seq_rm(self, seq_id: int, p0: int, p1: int) -> bool:
-        lo, hi = pos_range(p0, p1)
-        for s in self._streams_for(seq_id):
-            self.cells[s].seq_rm(seq_id, lo, hi)
-        return True
-
-    def seq_keep(self, seq_id: int) -> None:
+    def _keep(self, seq_id: int) -> None:
         for s, c in enumerate(self.cells):
             if s == self.stream_of(seq_id):
                 c.seq_keep(seq_id)
             else:
                 c.reset()
 
-    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
-        lo, hi = pos_range(p0, p1)
-        if lo != hi:
-            self.cells[self.stream_of(seq_id)].seq_add(seq_id, lo, hi, delta)
-
-    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
-        lo, hi = pos_range(p0, p1)
-        if lo != hi:
-            self.cells[self.stream_of(seq_id)].seq_div(seq_id, lo, hi, d)
-
-    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+    def _plan_cp(self, op: SeqCp) -> Commit:
         """dst gets src's tokens in [p0, p1). In one stream the cells are shared; across
-        streams the cells and their K/V rows are copied (a whole copy replaces dst's stream)."""
+        streams the cells and their K/V rows are copied (a whole copy replaces dst's stream and
+        continues from the source's head, as llama.cpp)."""
+        src, dst = op.src, op.dst
+        self._check_seq(src)
+        self._check_seq(dst)
         if src == dst:
-            return
-        lo, hi = pos_range(p0, p1)
+            return _nothing
+        lo, hi = pos_range(op.p0, op.p1)
         s0, s1 = self.stream_of(src), self.stream_of(dst)
-        c0, c1 = self.cells[s0], self.cells[s1]
+        c0 = self.cells[s0]
         hit = c0.has_seq(src) & (c0.pos >= lo) & (c0.pos < hi)
         if s0 == s1:
-            c0.seq[hit] |= seq_bit(dst)
-            return
+
+            def share() -> None:
+                c0.seq[hit] |= seq_bit(dst)
+
+            return share
         src_idx = np.flatnonzero(hit)
-        whole = p0 < 0 and p1 < 0
-        if whole:
-            c1.reset()
-            c1.head = c0.head  # the copy continues where the source would (as llama.cpp)
-        if (c1.pos[src_idx] == -1).all():
+        whole = op.p0 < 0 and op.p1 < 0
+        target = KVCells(self.n_cells) if whole else self.cells[s1]
+        if (target.pos[src_idx] == -1).all():
             dst_idx = src_idx
         else:
-            found = c1.find_slot(len(src_idx))
+            found = target.find_slot(len(src_idx))
             if found is None:
-                raise KvtoolError(f"seq_cp: stream of sequence {dst} has no room for {len(src_idx)} cells")
+                raise MemoryRefused(
+                    f"seq_cp: the stream of sequence {dst} has no room for {len(src_idx)} cells"
+                )
             dst_idx = np.sort(found)
-        c1.pos[dst_idx] = c0.pos[src_idx]
-        c1.shift[dst_idx] = c0.shift[src_idx]
-        c1.seq[dst_idx] = seq_bit(dst)
-        c1.has_shift = c1.has_shift or bool(c0.shift[src_idx].any())
-        si = torch.from_numpy(src_idx).to(self.params.device)
-        di = torch.from_numpy(dst_idx).to(self.params.device)
-        for t in (*self.k.values(), *self.v.values()):
-            t[s1].index_copy_(0, di, t[s0].index_select(0, si))
 
-    def can_shift(self) -> bool:
-        return self.shift_fn is not None
+        def copy() -> None:
+            c1 = self.cells[s1]
+            if whole:
+                c1.reset()
+                c1.head = c0.head
+            c1.pos[dst_idx] = c0.pos[src_idx]
+            c1.shift[dst_idx] = c0.shift[src_idx]
+            c1.seq[dst_idx] = seq_bit(dst)
+            c1.has_shift = c1.has_shift or bool(c0.shift[src_idx].any())
+            si = torch.from_numpy(src_idx).to(self.params.device)
+            di = torch.from_numpy(dst_idx).to(self.params.device)
+            for t in (*self.k.values(), *self.v.values()):
+                t[s1].index_copy_(0, di, t[s0].index_select(0, si))
 
-    def first_needed(self, pos: int) -> int:
-        """The oldest position a token at `pos` attends to (the window's start, or 0)."""
-        swa = self.params.swa
-        return 0 if swa is None or swa.kind != "standard" else max(0, pos - swa.n_swa + 1)
+        return copy
 
     # -- batches --------------------------------------------------------------------------------
-    def split(self, alloc: BatchAllocator, n_ubatch: int) -> list[UBatch]:
-        """unified: tokens in batch order; split: equal tokens per consecutive sequences."""
-        out: list[UBatch] = []
-        while True:
-            ub = alloc.split_simple(n_ubatch) if self.params.unified else alloc.split_equal(n_ubatch, True)
-            if ub is None:
-                return out
-            out.append(ub)
-
-    def _ubatch_streams(self, ub: UBatch) -> list[int]:
+    def ubatch_streams(self, ub: UBatch) -> list[int]:
         return [0] if self.params.unified else [self.stream_of(s) for s in ub.seq_id_unq]
 
     def prepare(self, ubatches: list[UBatch]) -> list[list[np.ndarray]] | None:
@@ -168,7 +237,7 @@ class KVCache:
         cells = [c.copy() for c in self.cells]
         slots: list[list[np.ndarray]] = []
         for ub in ubatches:
-            streams = self._ubatch_streams(ub)
+            streams = self.ubatch_streams(ub)
             per = len(ub.token) // len(streams)
             ub_slots = []
             for b, s in enumerate(streams):
@@ -181,22 +250,21 @@ class KVCache:
             slots.append(ub_slots)
         return slots
 
-    def init_batch(self, alloc: BatchAllocator, n_ubatch: int, embd_all: bool = False) -> KVCacheContext:
-        ubatches = self.split(alloc, n_ubatch)
-        slots = self.prepare(ubatches)
-        if slots is None:
-            return KVCacheContext(self, [], [], MemoryStatus.FAILED_PREPARE)
-        return KVCacheContext(self, ubatches, slots, MemoryStatus.SUCCESS)
+    def context(self, ubatches: list[UBatch], plan: object) -> KVCacheContext:
+        assert isinstance(plan, list)
+        return KVCacheContext(self, ubatches, plan)
 
-    def init_full(self) -> KVCacheContext:
-        return KVCacheContext(self, [], [], MemoryStatus.SUCCESS)
-
-    def init_update(self, optimize: bool = False) -> KVShiftContext | NoUpdate:
+    def init_update(self) -> KVShiftContext | NoUpdate:
         if any(c.has_shift for c in self.cells):
-            if self.shift_fn is None:
-                raise DecodeError("this model's memory cannot shift positions", -1)
             return KVShiftContext(self)
         return NoUpdate()
+
+    # -- state ----------------------------------------------------------------------------------
+    def state_write(self, w: StateWriter, seq: int | None) -> None:
+        kv_cache_state.write(self, w, seq)
+
+    def state_read(self, r: StateReader, seq: int | None) -> Commit:
+        return kv_cache_state.plan_read(self, r, seq)
 
 
 class KVShiftContext:
@@ -212,7 +280,7 @@ class KVShiftContext:
 
     def apply(self) -> bool:
         cache = self.cache
-        assert cache.shift_fn is not None
+        assert cache.shift_fn is not None  # plan() refuses shifts without one
         for s, cells in enumerate(cache.cells):
             if not cells.has_shift:
                 continue
@@ -226,3 +294,10 @@ class KVShiftContext:
                 rows = k[s].index_select(0, ti)
                 k[s].index_copy_(0, ti, cache.shift_fn(il, rows.float(), delta).to(k.dtype))
         return True
+
+    @property
+    def ubatch(self) -> UBatch:
+        raise RuntimeError("an update context has no ubatch")
+
+    def layer_view(self, il: int) -> object:
+        raise RuntimeError("an update context has no layer views")

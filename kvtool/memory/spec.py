@@ -1,15 +1,74 @@
-"""What memory each layer of a model needs (the model declares it; the context builds it)."""
+"""What memory a model needs (the model declares it, as mlx-lm's make_cache) and what the context
+decides (MemoryParams). A spec builds its memory: adding a memory kind needs a spec class, no
+edit in the context or the state code."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
-from kvtool.memory.kv_cache import KVLayerSpec
+import torch
+
+from kvtool.memory.kv_cache import KVCache, KVCacheParams, KVLayerSpec, ShiftFn
 from kvtool.memory.kv_cells import SWAParams
+from kvtool.memory.swa_kv_cache import SWAKVCache
+
+if TYPE_CHECKING:
+    from kvtool.memory.base import Memory
+
+
+def pad(n: int, to: int = 256) -> int:
+    return (n + to - 1) // to * to
 
 
 @dataclass(frozen=True)
-class MemorySpec:
-    kv: dict[int, KVLayerSpec]  # attention layers and the K/V they store
-    swa_layers: frozenset[int] = field(default_factory=frozenset)  # the subset with a sliding window
+class MemoryParams:
+    """The context's choices a memory is built with (from kvtool.ContextParams)."""
+
+    n_ctx_seq: int  # KV cells per stream
+    n_seq_max: int
+    n_ubatch: int
+    kv_unified: bool = False
+    swa_full: bool = False
+    type_k: torch.dtype = torch.float32
+    type_v: torch.dtype = torch.float32
+    device: str | torch.device = "cpu"
+    n_rs_seq: int = 0  # recurrent states kept per sequence for rollback
+
+
+class MemorySpec(Protocol):
+    def build(self, params: MemoryParams) -> Memory: ...
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """Attention layers and the K/V they store; `swa_layers` (with `swa`) use a sliding window;
+    `shift` re-rotates cached K rows when positions move (None: positions cannot move)."""
+
+    layers: dict[int, KVLayerSpec]
+    shift: ShiftFn | None = None
+    swa_layers: frozenset[int] = field(default_factory=frozenset)
     swa: SWAParams | None = None
+
+    def _cache(
+        self, layers: dict[int, KVLayerSpec], n_cells: int, swa: SWAParams | None, p: MemoryParams
+    ) -> KVCache:
+        kv = KVCacheParams(n_cells, p.n_seq_max, p.kv_unified, swa, p.type_k, p.type_v, p.device)
+        return KVCache(layers, kv, self.shift)
+
+    def build(self, params: MemoryParams) -> KVCache | SWAKVCache:
+        """One KVCache, or a base + sliding-window pair whose window cache holds
+        pad256(min(n_ctx_seq, n_swa * (n_seq_max if unified else 1) + n_ubatch)) cells per stream
+        (all of n_ctx_seq with swa_full), as llama.cpp sizes it."""
+        p = params
+        if not self.swa_layers:
+            return self._cache(self.layers, p.n_ctx_seq, None, p)
+        if self.swa is None:
+            raise ValueError("sliding-window layers need SWAParams")
+        base = {il: s for il, s in self.layers.items() if il not in self.swa_layers}
+        win = {il: s for il, s in self.layers.items() if il in self.swa_layers}
+        n_swa_cells = p.n_ctx_seq
+        if not p.swa_full:
+            want = self.swa.n_swa * (p.n_seq_max if p.kv_unified else 1) + p.n_ubatch
+            n_swa_cells = pad(min(p.n_ctx_seq, want))
+        return SWAKVCache(self._cache(base, p.n_ctx_seq, None, p), self._cache(win, n_swa_cells, self.swa, p))

@@ -9,7 +9,7 @@ import torch
 
 from kvtool.batch import UBatch
 from kvtool.gguf_file import GGUFFile
-from kvtool.memory.base import AttentionContext
+from kvtool.memory.base import MemoryContext
 from kvtool.memory.spec import MemorySpec
 from kvtool.models.gemma3 import Gemma3Model
 from kvtool.models.hparams import HParams
@@ -20,8 +20,7 @@ class Architecture(Protocol):
     """What the Model asks of an architecture's weights."""
 
     def memory_spec(self) -> MemorySpec: ...
-    def rope_shift(self, il: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor: ...
-    def forward(self, ub: UBatch, mctx: AttentionContext) -> torch.Tensor: ...
+    def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor: ...
 
 
 ARCHITECTURES: dict[str, Callable[[GGUFFile, HParams], Architecture]] = {

@@ -16,12 +16,12 @@ import torch.nn.functional as F
 
 from kvtool.batch import UBatch
 from kvtool.gguf_file import GGUFFile
-from kvtool.memory.base import AttentionContext
+from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.kv_cells import SWAParams
-from kvtool.memory.spec import MemorySpec
+from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import HParams, SWAHParams
-from kvtool.models.layers import RopeParams, apply_rope, geglu, rms_norm
+from kvtool.models.layers import RopeParams, apply_rope, attend, geglu, rms_norm
 
 SWA_PATTERN_DEFAULT = 6  # five sliding layers, then one global (when the GGUF has no pattern key)
 N_LAYER_27B = 62  # Gemma-3-27B scales queries by 1/sqrt(n_embd / n_head) instead of 1/sqrt(head_dim)
@@ -98,12 +98,12 @@ class Gemma3Model:
         """Sliding layers rotate with the SWA base (10000 unless `rope.freq_base_swa` says otherwise)."""
         return self.rope_swa if self.is_swa(il) else self.rope_global
 
-    def memory_spec(self) -> MemorySpec:
+    def memory_spec(self) -> KVSpec:
         hp = self.hp
         kv = {il: KVLayerSpec(hp.n_head_kv[il], hp.head_dim_k, hp.head_dim_v) for il in range(hp.n_layer)}
         if self.swa is None or not self.swa.layers:
-            return MemorySpec(kv=kv)
-        return MemorySpec(kv=kv, swa_layers=self.swa.layers, swa=SWAParams(self.swa.n_swa))
+            return KVSpec(kv, shift=self.rope_shift)
+        return KVSpec(kv, shift=self.rope_shift, swa_layers=self.swa.layers, swa=SWAParams(self.swa.n_swa))
 
     def rope_shift(self, il: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Re-rotate cached K rows [n, n_head_kv, hd] of layer il by position deltas [n]."""
@@ -111,7 +111,7 @@ class Gemma3Model:
         cos, sin = p.cos_sin(delta)
         return apply_rope(k, cos, sin, p)
 
-    def forward(self, ub: UBatch, mctx: AttentionContext) -> torch.Tensor:
+    def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
         hp = self.hp
         n = ub.n_tokens
@@ -127,7 +127,9 @@ class Gemma3Model:
             v = F.linear(h, L.wv).view(n, hp.n_head_kv[il], hp.head_dim_v)
             q = apply_rope(rms_norm(q, L.q_norm, hp.eps), cos, sin, rope) * self.q_scale
             k = apply_rope(rms_norm(k, L.k_norm, hp.eps), cos, sin, rope)
-            a = F.linear(mctx.attend(il, q, k, v, 1.0), L.wo)  # queries are pre-scaled, as in llama.cpp
+            a = F.linear(
+                attend(mctx.layer_view(il), q, k, v, 1.0), L.wo
+            )  # queries are pre-scaled, as in llama.cpp
             if il == hp.n_layer - 1:
                 out = torch.from_numpy(ub.output)  # only output rows need the rest
                 a, x = a[out], x[out]

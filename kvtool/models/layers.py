@@ -7,6 +7,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvtool.kernels.attention import attention
+from kvtool.kernels.store_kv import store_kv
+from kvtool.memory.kv_cache_context import KVView
+
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
     """x * w / sqrt(mean(x^2) + eps) over the last dim (ggml_rms_norm then a multiply)."""
@@ -72,3 +76,19 @@ def gelu_ggml(x: torch.Tensor) -> torch.Tensor:
 def geglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """down(gelu(gate(x)) * up(x)) with ggml's CPU GELU (llama.cpp's LLM_FFN_GELU + LLM_FFN_PAR)."""
     return F.linear(gelu_ggml(F.linear(x, gate)) * F.linear(x, up), down)
+
+
+def attend(view: KVView, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Stores the ubatch's K/V rows in the layer's cache, then attends per stream.
+
+    q [n, n_head, d_k], k [n, n_head_kv, d_k], v [n, n_head_kv, d_v] -> [n, n_head * d_v].
+    The cache is read in its own type (f16/bf16/f32): the kernel upcasts inside."""
+    n = q.shape[0]
+    kc, vc = view.k, view.v  # [n_stream, n_cells, n_head_kv, d]
+    store_kv(kc.view(-1, kc.shape[2] * kc.shape[3]), k.reshape(n, -1), view.rows)
+    store_kv(vc.view(-1, vc.shape[2] * vc.shape[3]), v.reshape(n, -1), view.rows)
+    n_s = view.streams.stop - view.streams.start
+    qs = q.reshape(n_s, n // n_s, q.shape[1], q.shape[2])  # [n_stream_ub, n / n_stream_ub, n_head, d_k]
+    ks = kc[view.streams, : view.n_kv]  # [n_stream_ub, n_kv, n_head_kv, d_k]
+    vs = vc[view.streams, : view.n_kv]
+    return attention(qs, ks, vs, view.mask, scale).reshape(n, -1)

@@ -10,11 +10,11 @@ import torch.nn.functional as F
 
 from kvtool.batch import UBatch
 from kvtool.gguf_file import GGUFFile
-from kvtool.memory.base import AttentionContext
+from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache import KVLayerSpec
-from kvtool.memory.spec import MemorySpec
+from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import HParams
-from kvtool.models.layers import RopeParams, apply_rope, rms_norm, swiglu
+from kvtool.models.layers import RopeParams, apply_rope, attend, rms_norm, swiglu
 
 
 @dataclass
@@ -71,18 +71,17 @@ class LlamaModel:
             freq_factors=_opt(f, "rope_freqs.weight"),
         )
 
-    def memory_spec(self) -> MemorySpec:
+    def memory_spec(self) -> KVSpec:
         hp = self.hp
-        return MemorySpec(
-            kv={il: KVLayerSpec(hp.n_head_kv[il], hp.head_dim_k, hp.head_dim_v) for il in range(hp.n_layer)}
-        )
+        layers = {il: KVLayerSpec(hp.n_head_kv[il], hp.head_dim_k, hp.head_dim_v) for il in range(hp.n_layer)}
+        return KVSpec(layers, shift=self.rope_shift)
 
     def rope_shift(self, il: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Re-rotate cached K rows [n, n_head_kv, hd] by position deltas [n]."""
         cos, sin = self.rope.cos_sin(delta)
         return apply_rope(k, cos, sin, self.rope)
 
-    def forward(self, ub: UBatch, mctx: AttentionContext) -> torch.Tensor:
+    def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
         hp = self.hp
         n = ub.n_tokens
@@ -96,7 +95,7 @@ class LlamaModel:
             v = F.linear(h, L.wv, L.bv).view(n, hp.n_head_kv[il], hp.head_dim_v)
             q = apply_rope(q, cos, sin, self.rope)
             k = apply_rope(k, cos, sin, self.rope)
-            x = x + F.linear(mctx.attend(il, q, k, v, scale), L.wo)
+            x = x + F.linear(attend(mctx.layer_view(il), q, k, v, scale), L.wo)
             if il == hp.n_layer - 1:
                 x = x[torch.from_numpy(ub.output)]  # only output rows need the rest
             x = x + swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate, L.ffn_up, L.ffn_down)

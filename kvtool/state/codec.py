@@ -11,11 +11,13 @@ import numpy as np
 import torch
 
 from kvtool.errors import StateError
-from kvtool.state import memory_state, sampler_state
+from kvtool.state import sampler_state
 from kvtool.state.container import FORMAT, VERSION, Array, RawTensor, read_container, write_container
 from kvtool.state.header import StateInfo, check_model, model_identity, parse_seqs
+from kvtool.state.io import StateReader, StateWriter
 
 if TYPE_CHECKING:
+    from kvtool.memory.base import Memory
     from kvtool.model import Model
     from kvtool.sampling import Sampler
 
@@ -43,7 +45,7 @@ def _seq_tokens(tokens: Tokens, seqs: list[int]) -> dict[int, list[int]]:
 
 def encode(
     model: Model,
-    memory: object,
+    memory: Memory,
     seq: int | None,
     tokens: Tokens = None,
     sampler: Sampler | None = None,
@@ -52,15 +54,17 @@ def encode(
     out_row: np.ndarray | None = None,
 ) -> bytes:
     """The container of a context state (seq None) or of sequence `seq`."""
-    layout, tensors, counts = memory_state.write_memory(memory, seq)
+    w = StateWriter()
+    memory.state_write(w, seq)
+    layout, tensors, counts = w.layout, w.tensors, w.counts
     present = sorted(counts) if seq is None else [seq]
     toks = _seq_tokens(tokens, present)
     seqs = [
         {
             "seq_id": s,
             "n_cells": counts.get(s, 0),
-            "pos_min": int(memory.seq_pos_min(s)),  # type: ignore[attr-defined]
-            "pos_max": int(memory.seq_pos_max(s)),  # type: ignore[attr-defined]
+            "pos_min": int(memory.seq_pos_min(s)),
+            "pos_max": int(memory.seq_pos_max(s)),
             "tokens": toks.get(s),
         }
         for s in present
@@ -140,7 +144,7 @@ def _logits(info: StateInfo, tensors: dict[str, RawTensor], n_vocab: int) -> tup
     return lg.torch(), out_row
 
 
-def decode(model: Model, memory: object, data: bytes | memoryview, seq: int | None) -> Loaded:
+def decode(model: Model, memory: Memory, data: bytes | memoryview, seq: int | None) -> Loaded:
     """Validates a state against the model and memory, then restores it (seq None: the whole
     context, replacing every sequence; else the saved sequence becomes `seq`, replacing it).
     On any error nothing has changed."""
@@ -154,9 +158,8 @@ def decode(model: Model, memory: object, data: bytes | memoryview, seq: int | No
     pool = dict(tensors)
     pool.pop("sampler.rng", None)
     logits, out_row = _logits(info, pool, model.n_vocab) if seq is None else (None, None)
-    commits = memory_state.plan_read(memory, info.memory, pool, seq)
+    commit = memory.state_read(StateReader(info.memory, pool), seq)
     if pool:
         raise StateError(f"corrupted state: unexpected tensors {sorted(pool)[:3]}")
-    for commit in commits:
-        commit()
+    commit()
     return Loaded(info, logits, out_row)

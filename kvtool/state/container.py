@@ -179,7 +179,7 @@ def read_container(data: bytes | memoryview) -> tuple[dict[str, Any], dict[str, 
 
 
 FORMAT = "kvtool.state"
-VERSION = 1
+VERSION = 2  # 2: separate K and V types in KV layouts (type_k, type_v)
 
 
 def version_check(state: dict[str, Any]) -> None:

@@ -178,16 +178,16 @@ def test_public_api_names() -> None:
 @pytest.mark.parametrize("unified", [True, False])
 def test_attention_spans_cells_in_use_per_stream(tiny_llama, unified: bool, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """n_kv grows with the cells in use, not the cache size; split mode attends per stream."""
-    import kvtool.memory.kv_cache_context as kcc
+    import kvtool.models.layers as layers
 
     seen = []
-    real = kcc.attention
+    real = layers.attention
 
     def spy(q, k, v, mask, scale):  # type: ignore[no-untyped-def]
         seen.append((tuple(q.shape[:2]), tuple(k.shape[:2])))
         return real(q, k, v, mask, scale)
 
-    monkeypatch.setattr(kcc, "attention", spy)
+    monkeypatch.setattr(layers, "attention", spy)
     ctx = Context(tiny_llama, ContextParams(n_ctx=1024, n_seq_max=4, kv_unified=unified))
     b = Batch()
     for s in range(4):

@@ -70,7 +70,7 @@ def test_hparams_as_llama_cpp_reads_them(gemma: kvtool.Model) -> None:
     g, hp = gemma.impl, gemma.hparams
     spec = gemma.memory_spec()
     assert spec.swa_layers == {0, 2} and spec.swa is not None and spec.swa.n_swa == 8
-    assert set(spec.kv) == {0, 1, 2, 3}
+    assert set(spec.layers) == {0, 1, 2, 3}
     # no rope.freq_base_swa key: sliding layers rotate with 10000, global ones with rope.freq_base
     assert [g.rope(il).base for il in range(4)] == [10000.0, 1e6, 10000.0, 1e6]
     assert all(g.rope(il).neox for il in range(4))

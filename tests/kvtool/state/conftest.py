@@ -45,7 +45,7 @@ def ctx_of() -> Callable[..., kvtool.Context]:
 
 
 def leaves(memory: Any) -> list[KVCache]:
-    return [memory] if isinstance(memory, KVCache) else [c for p in memory.parts for c in leaves(p)]
+    return [memory] if isinstance(memory, KVCache) else [c for p in memory.parts.values() for c in leaves(p)]
 
 
 def snapshot(ctx: kvtool.Context) -> list[Any]:

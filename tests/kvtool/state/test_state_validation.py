@@ -67,8 +67,8 @@ def test_same_shapes_other_weights(tiny_llama, ctx_of, tokens, refused, tmp_path
 
 
 def test_other_format_version(live, refused) -> None:  # type: ignore[no-untyped-def]
-    data = rewrite(live.state_get_data(), lambda s, t: s.update(version=2))
-    refused(live, lambda: live.state_set_data(data), "version 2 is not supported")
+    data = rewrite(live.state_get_data(), lambda s, t: s.update(version=1))
+    refused(live, lambda: live.state_set_data(data), "version 1 is not supported")
 
 
 @pytest.mark.parametrize("keep", [0.0, 0.01, 0.5, 0.999])
@@ -118,7 +118,7 @@ def test_wrong_kind(live, refused) -> None:  # type: ignore[no-untyped-def]
 def test_other_kv_type(live, refused) -> None:  # type: ignore[no-untyped-def]
     f16 = kvtool.Context(live.model, kvtool.ContextParams(n_ctx=512, n_seq_max=4, type_k="f16", type_v="f16"))
     kvtool.decode_tokens(f16, [5, 6, 7], 0, 0)
-    refused(f16, lambda: f16.state_seq_set_data(live.state_seq_get_data(0), 0), "K/V type")
+    refused(f16, lambda: f16.state_seq_set_data(live.state_seq_get_data(0), 0), "K type")
 
 
 def test_consistent_checksum_but_bad_content(live, refused) -> None:  # type: ignore[no-untyped-def]
