@@ -5,8 +5,8 @@ and state j,
     y[t, i]    = sum_j h[t, i, j] * C[t, j]
 
 `dt` already carries its bias; softplus is ggml's (identity above 20). The D skip and the gate
-are the model's. Prompts run chunk by chunk: inside a chunk every h[t] is a masked,
-decay-weighted sum over the chunk's tokens (all exponents <= 0, so nothing overflows).
+are the model's. Prompts run as cumulative sums over chunks of tokens (a parallel scan of the
+linear recurrence); the chunk length is chosen from the data so no exponent overflows.
 """
 
 from __future__ import annotations
@@ -14,15 +14,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-try:  # triton is in the gpu/test extras only; the reference runs without it
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
+from ._triton import jit, tl, triton, use_triton
 
-_jit = triton.jit if triton is not None else (lambda fn: fn)
-
-CHUNK = 16  # tokens per chunk: the in-chunk weights are [CHUNK, CHUNK, d_inner, d_state]
+_LOG_RANGE = 60.0  # the most decay (in log) one chunk spans: exp(60) ~ 1e26 stays finite in f32
+_TOKEN_LOG_RANGE = 20.0
 
 
 def softplus(dt: torch.Tensor) -> torch.Tensor:
@@ -44,23 +39,22 @@ def ssm_scan_ref(
     T = x.shape[1]
     assert 1 <= n_states <= T, (n_states, T)
     dts = softplus(dt.float())
-    u = dts * x.float()  # [S, T, D]
+    # log decay of each token, <= 0; below -20 the old state's share (< 2e-9) is clamped there
+    la_tok = (dts[..., None] * A.float()).clamp(min=-_TOKEN_LOG_RANGE)  # [S, T, D, N]
+    ub = (dts * x.float())[..., None] * B.float()[:, :, None, :]  # [S, T, D, N]
+    # Inside a chunk h[t] = exp(L[t]) * (h0 + sum_{tau <= t} exp(-L[tau]) ub[tau]), L the
+    # cumulative log decay: chunks are cut short enough that exp(-L) stays finite.
+    q = int(max(1, min(T, _LOG_RANGE // max(float(-la_tok.min()), 1e-6))))  # >= 3
     h = s.float()
-    ys, trail = [], []
-    for c0 in range(0, T, CHUNK):
-        c1 = min(T, c0 + CHUNK)
-        q = c1 - c0
-        la = torch.cumsum(dts[:, c0:c1, :, None] * A.float(), dim=1)  # [S, q, D, N] log decay from c0
-        seg = la[:, :, None] - la[:, None, :]  # [S, t, tau, D, N]
-        causal = torch.ones(q, q, dtype=torch.bool, device=x.device).tril()[None, :, :, None, None]
-        w = torch.exp(seg.masked_fill(~causal, float("-inf")))
-        ub = u[:, c0:c1, :, None] * B[:, c0:c1, None, :].float()  # [S, q, D, N]
-        hs = torch.einsum("stqdn,sqdn->stdn", w, ub) + torch.exp(la) * h[:, None]  # [S, q, D, N]
-        ys.append(torch.einsum("stdn,stn->std", hs, C[:, c0:c1].float()))
-        if c1 > T - n_states:
-            trail.append(hs[:, max(0, T - n_states - c0) :])
+    hs_all = []
+    for c0 in range(0, T, q):
+        la = torch.cumsum(la_tok[:, c0 : c0 + q], dim=1)  # [S, q, D, N]
+        hs = torch.exp(la) * (h[:, None] + torch.cumsum(torch.exp(-la) * ub[:, c0 : c0 + q], dim=1))
+        hs_all.append(hs)
         h = hs[:, -1]
-    return torch.cat(ys, dim=1).to(x.dtype), torch.cat(trail, dim=1)
+    hs = torch.cat(hs_all, dim=1)  # [S, T, D, N]
+    y = torch.einsum("stdn,stn->std", hs, C.float())
+    return y.to(x.dtype), hs[:, T - n_states :].clone()
 
 
 def ssm_scan_step_ref(
@@ -77,7 +71,7 @@ def ssm_scan_step_ref(
     return torch.einsum("sdn,sn->sd", h, C.float()).to(x.dtype), h
 
 
-@_jit
+@jit
 def _ssm_scan_kernel(
     s_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, y_ptr, out_ptr,
     T, d_inner, d_state, n_states,
@@ -166,10 +160,6 @@ def ssm_scan_step_triton(
     return y[:, 0], h[:, 0]
 
 
-def _use_triton(*tensors: torch.Tensor) -> bool:
-    return triton is not None and all(t.is_cuda for t in tensors)
-
-
 def ssm_scan(
     s: torch.Tensor,
     x: torch.Tensor,
@@ -181,7 +171,7 @@ def ssm_scan(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The selective scan over a ubatch (see `ssm_scan_ref`): a single token takes the step
     form; Triton on CUDA tensors, the reference elsewhere."""
-    if _use_triton(s, x, dt, A, B, C):
+    if use_triton(s, x, dt, A, B, C):
         return ssm_scan_triton(s, x, dt, A, B, C, n_states)
     if x.shape[1] == 1:
         y, h = ssm_scan_step_ref(s, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0])
