@@ -20,13 +20,7 @@ from __future__ import annotations
 
 import torch
 
-try:  # triton is in the gpu/test extras only; the reference runs without it
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
-
-_jit = triton.jit if triton is not None else (lambda fn: fn)
+from ._triton import jit, tl, triton, use_triton
 
 CHUNK = 32  # tokens per chunk of the prompt form: [L, L, head_size] decay tiles per head
 
@@ -111,7 +105,7 @@ def wkv6_ref(
     return torch.cat(outs, dim=1), torch.stack(states, dim=1)
 
 
-@_jit
+@jit
 def _wkv6_kernel(
     r_ptr, k_ptr, v_ptr, w_ptr,  # [B, T, H, N] contiguous
     u_ptr,  # [H, N]
@@ -181,10 +175,6 @@ def wkv6_triton(
     return out, s_out
 
 
-def _use_triton(*tensors: torch.Tensor) -> bool:
-    return triton is not None and all(t.is_cuda for t in tensors)
-
-
 def wkv6(
     r: torch.Tensor,
     k: torch.Tensor,
@@ -195,6 +185,6 @@ def wkv6(
     n_states: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """WKV-6 (see the module docstring): Triton on CUDA tensors, the reference elsewhere."""
-    if _use_triton(r, k, v, w_log, u, state):
+    if use_triton(r, k, v, w_log, u, state):
         return wkv6_triton(r, k, v, w_log, u, state, n_states)
     return wkv6_ref(r, k, v, w_log, u, state, n_states)

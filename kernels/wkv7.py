@@ -21,13 +21,7 @@ from __future__ import annotations
 
 import torch
 
-try:  # triton is in the gpu/test extras only; the reference runs without it
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
-
-_jit = triton.jit if triton is not None else (lambda fn: fn)
+from ._triton import jit, tl, triton, use_triton
 
 CHUNK = 16  # tokens per chunk of the prompt form (each chunk solves an L x L triangular system)
 
@@ -129,7 +123,7 @@ def wkv7_ref(
     return torch.cat(outs, dim=1), torch.stack(states, dim=1)
 
 
-@_jit
+@jit
 def _wkv7_kernel(
     r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,  # [B, T, H, N] contiguous
     s_ptr,  # [B, H, N, N] state in
@@ -200,10 +194,6 @@ def wkv7_triton(
     return out, s_out
 
 
-def _use_triton(*tensors: torch.Tensor) -> bool:
-    return triton is not None and all(t.is_cuda for t in tensors)
-
-
 def wkv7(
     r: torch.Tensor,
     w_log: torch.Tensor,
@@ -215,6 +205,6 @@ def wkv7(
     n_states: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """WKV-7 (see the module docstring): Triton on CUDA tensors, the reference elsewhere."""
-    if _use_triton(r, w_log, k, v, a, b, state):
+    if use_triton(r, w_log, k, v, a, b, state):
         return wkv7_triton(r, w_log, k, v, a, b, state, n_states)
     return wkv7_ref(r, w_log, k, v, a, b, state, n_states)
