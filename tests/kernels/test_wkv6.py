@@ -160,3 +160,16 @@ def test_kernel_compiles_for_sm90(tmp_path: Path) -> None:
         cmd, env=env, cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=600
     )
     assert r.returncode == 0, r.stderr[-4000:]
+
+
+def test_strong_decay_then_weak_keeps_precision() -> None:
+    # One token decays every channel to ~0 (w_log -1e4), the following ones barely decay: the
+    # weak decays between later tokens must not drown in the cumulative sum of the strong one.
+    r, k, v, _, u, s0 = make_inputs(1, 64, 2, 16, seed=4)
+    w_log = torch.full(r.shape, -1e-3)
+    w_log[:, 0], w_log[:, 32] = -1e4, -3e4
+    out, state = wkv6_chunked_ref(r, k, v, w_log, u, s0)
+    want_out, want_states = naive_wkv6(r, k, v, w_log, u, s0)
+    scale = want_out.abs().max().item()
+    torch.testing.assert_close(out.double() / scale, want_out / scale, atol=1e-5, rtol=0)
+    torch.testing.assert_close(state.double(), want_states[:, -1], atol=1e-4, rtol=1e-5)
