@@ -14,6 +14,10 @@ from kvtool.memory.spec import MemorySpec
 from kvtool.models.gemma3 import Gemma3Model
 from kvtool.models.hparams import HParams
 from kvtool.models.llama import LlamaModel
+from kvtool.models.mamba import MambaModel
+from kvtool.models.mamba2 import Mamba2Model
+from kvtool.models.rwkv6 import RWKV6Model
+from kvtool.models.rwkv7 import RWKV7Model
 
 
 class Architecture(Protocol):
@@ -26,4 +30,8 @@ class Architecture(Protocol):
 ARCHITECTURES: dict[str, Callable[[GGUFFile, HParams], Architecture]] = {
     "llama": LlamaModel,
     "gemma3": Gemma3Model,
+    "mamba": MambaModel,
+    "mamba2": Mamba2Model,
+    "rwkv6": RWKV6Model,
+    "rwkv7": RWKV7Model,
 }

@@ -43,7 +43,7 @@ class HParams:
         n_layer = int(f.arch_get("block_count"))
         n_head = int(f.arch_get("attention.head_count"))
         n_head_kv = per_layer(f.arch_get("attention.head_count_kv", n_head), n_layer)
-        hd_k = int(f.arch_get("attention.key_length", n_embd // n_head))
+        hd_k = int(f.arch_get("attention.key_length", n_embd // n_head if n_head else 0))  # 0: no attention
         hd_v = int(f.arch_get("attention.value_length", hd_k))
         scaling = str(f.arch_get("rope.scaling.type", "none"))
         factor = float(f.arch_get("rope.scaling.factor", 0.0) or 0.0)
@@ -105,3 +105,36 @@ class SWAHParams:
             layers=swa_layers_from_pattern(pattern, n_layer),
             rope_base=float(f.arch_get("rope.freq_base_swa", default_rope_base)),
         )
+
+
+_SSM_KEYS = ("ssm.conv_kernel", "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank")
+
+
+@dataclass(frozen=True)
+class SSMHParams:
+    """Mamba's `{arch}.ssm.*` keys. For Mamba-2, `dt_rank` is the number of heads (llama.cpp
+    reuses time_step_rank for it) and `n_group` the number of B/C groups."""
+
+    d_conv: int
+    d_inner: int
+    d_state: int
+    dt_rank: int
+    n_group: int
+    dt_b_c_rms: bool  # FalconMamba: RMS-norm dt, B and C
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile) -> SSMHParams:
+        missing = [k for k in _SSM_KEYS if f.get(f"{f.arch}.{k}", None) is None]
+        if missing:
+            raise ModelLoadError(f"{f.path.name}: missing GGUF key {f.arch}.{missing[0]}")
+        hp = cls(
+            d_conv=int(f.arch_get("ssm.conv_kernel")),
+            d_inner=int(f.arch_get("ssm.inner_size")),
+            d_state=int(f.arch_get("ssm.state_size")),
+            dt_rank=int(f.arch_get("ssm.time_step_rank")),
+            n_group=int(f.arch_get("ssm.group_count", 1) or 1),
+            dt_b_c_rms=bool(f.arch_get("ssm.dt_b_c_rms", False)),
+        )
+        if min(hp.d_conv, hp.d_inner, hp.d_state, hp.dt_rank) < 1:
+            raise ModelLoadError(f"{f.path.name}: ssm dimensions must be positive")
+        return hp

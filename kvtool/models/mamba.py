@@ -1,0 +1,85 @@
+"""The `mamba` architecture (Mamba-1, FalconMamba): per layer an RMS norm and a selective-scan
+mixer (in-projection to x and gate z, short causal conv, data-dependent dt/B/C, scan, D skip,
+SiLU gate, out-projection); no feed-forward."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kvtool.batch import UBatch
+from kvtool.gguf_file import GGUFFile
+from kvtool.kernels.ssm_scan import ssm_scan
+from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
+from kvtool.models.hparams import HParams, SSMHParams
+from kvtool.models.layers import rms_norm
+from kvtool.models.mamba_layers import RecurrentLM, seq_blocks, ssm_conv, store
+
+
+@dataclass
+class MambaLayer:
+    ssm_in: torch.Tensor  # [2 * d_inner, n_embd]
+    conv_w: torch.Tensor  # [d_inner, d_conv]
+    conv_b: torch.Tensor  # [d_inner]
+    ssm_x: torch.Tensor  # [dt_rank + 2 * d_state, d_inner]
+    dt_w: torch.Tensor  # [d_inner, dt_rank]
+    dt_b: torch.Tensor  # [d_inner]
+    A: torch.Tensor  # [d_inner, d_state] (already -exp(A_log))
+    D: torch.Tensor  # [d_inner]
+    ssm_out: torch.Tensor  # [n_embd, d_inner]
+    dt_norm: torch.Tensor | None
+    b_norm: torch.Tensor | None
+    c_norm: torch.Tensor | None
+
+
+def _opt(f: GGUFFile, name: str) -> torch.Tensor | None:
+    return f.tensor(name) if f.has_tensor(name) else None
+
+
+class MambaModel(RecurrentLM):
+    """Weights and forward pass of Mamba-1."""
+
+    def __init__(self, f: GGUFFile, hp: HParams) -> None:
+        super().__init__(f, hp.n_layer, hp.eps)
+        self.hp = hp
+        self.ssm = SSMHParams.from_gguf(f)
+        self.layers = [
+            MambaLayer(
+                ssm_in=f.tensor(f"blk.{il}.ssm_in.weight"),
+                conv_w=f.tensor(f"blk.{il}.ssm_conv1d.weight"),
+                conv_b=f.tensor(f"blk.{il}.ssm_conv1d.bias"),
+                ssm_x=f.tensor(f"blk.{il}.ssm_x.weight"),
+                dt_w=f.tensor(f"blk.{il}.ssm_dt.weight"),
+                dt_b=f.tensor(f"blk.{il}.ssm_dt.bias"),
+                A=f.tensor(f"blk.{il}.ssm_a"),
+                D=f.tensor(f"blk.{il}.ssm_d"),
+                ssm_out=f.tensor(f"blk.{il}.ssm_out.weight"),
+                dt_norm=_opt(f, f"blk.{il}.ssm_dt_norm.weight"),
+                b_norm=_opt(f, f"blk.{il}.ssm_b_norm.weight"),
+                c_norm=_opt(f, f"blk.{il}.ssm_c_norm.weight"),
+            )
+            for il in range(hp.n_layer)
+        ]
+
+    def memory_spec(self) -> RecurrentSpec:
+        s = self.ssm
+        spec = RSLayerSpec(conv_shape=(s.d_conv - 1, s.d_inner), ssm_shape=(s.d_inner, s.d_state))
+        return RecurrentSpec({il: spec for il in range(self.hp.n_layer)})
+
+    def block(self, il: int, h: torch.Tensor, ub: UBatch, view: RSView) -> torch.Tensor:
+        s, L = self.ssm, self.layers[il]
+        xz = seq_blocks(F.linear(h, L.ssm_in), ub)  # [n_seqs, T, 2 * d_inner]
+        x, z = xz[..., : s.d_inner], xz[..., s.d_inner :]
+        x, conv_states = ssm_conv(view.conv, x, L.conv_w, L.conv_b, view.n_states)
+        x = F.silu(x)
+        dbc = F.linear(x, L.ssm_x)  # [n_seqs, T, dt_rank + 2 * d_state]
+        dt, B, C = dbc.split([s.dt_rank, s.d_state, s.d_state], dim=-1)
+        if s.dt_b_c_rms or (L.dt_norm is not None and L.b_norm is not None and L.c_norm is not None):
+            dt, B, C = (rms_norm(t, w, self.eps) for t, w in ((dt, L.dt_norm), (B, L.b_norm), (C, L.c_norm)))
+        dt = F.linear(dt, L.dt_w, L.dt_b)  # [n_seqs, T, d_inner]
+        y, ssm_states = ssm_scan(view.ssm, x, dt, L.A, B, C, view.n_states)
+        store(view, conv_states, ssm_states)
+        y = (y + x * L.D) * F.silu(z)
+        return F.linear(y, L.ssm_out).reshape(ub.n_tokens, -1)

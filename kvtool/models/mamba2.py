@@ -1,0 +1,88 @@
+"""The `mamba2` architecture (Mamba-2): per layer an RMS norm and an SSD mixer (one
+in-projection to the gate z, x/B/C and dt per head, short causal conv over x/B/C, scan with a
+scalar decay per head, D skip, SiLU gate, RMS norm per group, out-projection)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kvtool.batch import UBatch
+from kvtool.errors import ModelLoadError
+from kvtool.gguf_file import GGUFFile
+from kvtool.kernels.ssd import ssd
+from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
+from kvtool.models.hparams import HParams, SSMHParams
+from kvtool.models.layers import rms_norm
+from kvtool.models.mamba_layers import RecurrentLM, seq_blocks, ssm_conv, store
+
+
+@dataclass
+class Mamba2Layer:
+    ssm_in: torch.Tensor  # [2 * d_inner + 2 * n_group * d_state + n_head, n_embd]
+    conv_w: torch.Tensor  # [d_inner + 2 * n_group * d_state, d_conv]
+    conv_b: torch.Tensor
+    dt_b: torch.Tensor  # [n_head]
+    A: torch.Tensor  # [n_head]
+    D: torch.Tensor  # [n_head]
+    norm: torch.Tensor | None  # [n_group, d_inner / n_group]
+    ssm_out: torch.Tensor  # [n_embd, d_inner]
+
+
+class Mamba2Model(RecurrentLM):
+    """Weights and forward pass of Mamba-2 (`ssm.time_step_rank` is the number of heads)."""
+
+    def __init__(self, f: GGUFFile, hp: HParams) -> None:
+        super().__init__(f, hp.n_layer, hp.eps)
+        self.hp = hp
+        self.ssm = s = SSMHParams.from_gguf(f)
+        if s.d_inner % s.dt_rank or s.dt_rank % s.n_group:
+            raise ModelLoadError(
+                f"{f.path.name}: ssm.inner_size must split into heads, and heads into groups"
+            )
+        self.n_head = s.dt_rank
+        self.head_dim = s.d_inner // s.dt_rank
+        self.layers = [
+            Mamba2Layer(
+                ssm_in=f.tensor(f"blk.{il}.ssm_in.weight"),
+                conv_w=f.tensor(f"blk.{il}.ssm_conv1d.weight"),
+                conv_b=f.tensor(f"blk.{il}.ssm_conv1d.bias"),
+                dt_b=f.tensor(f"blk.{il}.ssm_dt.bias"),
+                A=f.tensor(f"blk.{il}.ssm_a").reshape(-1),
+                D=f.tensor(f"blk.{il}.ssm_d").reshape(-1),
+                norm=f.tensor(f"blk.{il}.ssm_norm.weight")
+                if f.has_tensor(f"blk.{il}.ssm_norm.weight")
+                else None,
+                ssm_out=f.tensor(f"blk.{il}.ssm_out.weight"),
+            )
+            for il in range(hp.n_layer)
+        ]
+
+    def memory_spec(self) -> RecurrentSpec:
+        s = self.ssm
+        spec = RSLayerSpec(
+            conv_shape=(s.d_conv - 1, s.d_inner + 2 * s.n_group * s.d_state),
+            ssm_shape=(self.n_head, self.head_dim, s.d_state),
+        )
+        return RecurrentSpec({il: spec for il in range(self.hp.n_layer)})
+
+    def block(self, il: int, h: torch.Tensor, ub: UBatch, view: RSView) -> torch.Tensor:
+        s, L = self.ssm, self.layers[il]
+        S, T = ub.n_seqs, ub.n_seq_tokens
+        gn = s.n_group * s.d_state
+        zxbcdt = seq_blocks(F.linear(h, L.ssm_in), ub)
+        z, xbc, dt = zxbcdt.split([s.d_inner, s.d_inner + 2 * gn, self.n_head], dim=-1)
+        xbc, conv_states = ssm_conv(view.conv, xbc, L.conv_w, L.conv_b, view.n_states)
+        xbc = F.silu(xbc)
+        x, B, C = xbc.split([s.d_inner, gn, gn], dim=-1)
+        x = x.reshape(S, T, self.n_head, self.head_dim)
+        B = B.reshape(S, T, s.n_group, s.d_state)
+        C = C.reshape(S, T, s.n_group, s.d_state)
+        y, ssm_states = ssd(view.ssm, x, dt + L.dt_b, L.A, B, C, view.n_states)
+        store(view, conv_states, ssm_states)
+        y = (y + x * L.D[:, None]).reshape(S, T, s.d_inner) * F.silu(z)
+        if L.norm is not None:  # RMS norm within each group of channels
+            y = rms_norm(y.view(S, T, s.n_group, -1), L.norm, self.eps).reshape(S, T, s.d_inner)
+        return F.linear(y, L.ssm_out).reshape(ub.n_tokens, -1)
