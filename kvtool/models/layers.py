@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from kvtool.kernels.attention import attention
 from kvtool.kernels.store_kv import store_kv
 from kvtool.memory.kv_cache_context import KVView
+from kvtool.models.linear import Linear
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -53,9 +54,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p: RopePar
     return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
 
 
-def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+def swiglu(x: torch.Tensor, gate: Linear, up: Linear, down: Linear) -> torch.Tensor:
     """down(silu(gate(x)) * up(x))."""
-    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+    return down(F.silu(gate(x)) * up(x))
 
 
 _SQRT_2_OVER_PI = 0.79788456080286535587989211986876
@@ -73,9 +74,9 @@ def gelu_ggml(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x <= -10.0, torch.zeros_like(x), torch.where(x >= 10.0, x, g))
 
 
-def geglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+def geglu(x: torch.Tensor, gate: Linear, up: Linear, down: Linear) -> torch.Tensor:
     """down(gelu(gate(x)) * up(x)) with ggml's CPU GELU (llama.cpp's LLM_FFN_GELU + LLM_FFN_PAR)."""
-    return F.linear(gelu_ggml(F.linear(x, gate)) * F.linear(x, up), down)
+    return down(gelu_ggml(gate(x)) * up(x))
 
 
 def attend(view: KVView, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
