@@ -4,8 +4,8 @@ torch's `_weight_int4pack_mm_for_cpu` computes x @ W.T with W[n, k] = (p[n, k] -
 for unsigned 4-bit p and one (scale, zero) pair per group g of 32 columns. Every GGUF format
 whose sub-blocks are 32 elements of an affine x = a * u + c over unsigned integers u maps onto
 it exactly: u of up to 4 bits is one such "plane" (z = c + 8a); u of 5 to 8 bits is two
-planes, u = 16 * hi + lo, whose matmuls are summed:
-s_0 = a, s_1 = 16 a; each plane is centred on its own range (see `Int4Groups.planes`).
+planes, u = 16 * hi + lo, whose matmuls are summed (scales a and 16 a; see
+`Int4Groups.planes` for where the offset goes).
 
 `int4_groups` gives that exact decomposition (checked bit for bit against
 `gguf.quants.dequantize` through `dequantize_groups_ref`); `pack` turns it into the kernel's
@@ -59,12 +59,15 @@ class Int4Groups:
         """(p [N, K] uint8 in 0..15, scale [N, G], zero [N, G]) per 4-bit plane, low plane first."""
         if self.n_planes == 1:
             return [(self.u, self.a, self.c + 8.0 * self.a)]
-        # Each plane is centred on its own range: the kernel rounds each plane's product to
-        # bfloat16, so large opposite offsets would cancel after rounding.
-        h_mid = ((1 << (self.bits - 4)) - 1) / 2.0
-        lo, hi = self.u & 0x0F, self.u >> 4
-        s_hi = 16.0 * self.a
-        return [(lo, self.a, self.c + 8.0 * self.a + h_mid * s_hi), (hi, s_hi, (8.0 - h_mid) * s_hi)]
+        # Each plane's zero is kept small: the kernel takes zeros in bfloat16 (relative error
+        # 2^-9 on every weight of the group), so a large zero would be a large systematic error.
+        # hi (0 .. n_hi - 1) is shifted by o to sit around 8 and its plane needs no zero at all;
+        # the low plane carries the offset: z = c + (8 + 16 * (8 - o)) * a.
+        n_hi = 1 << (self.bits - 4)
+        o = 8 - n_hi // 2
+        lo, hi = self.u & 0x0F, (self.u >> 4) + o
+        z0 = self.c + float(8 + 16 * (8 - o)) * self.a
+        return [(lo, self.a, z0), (hi, 16.0 * self.a, torch.zeros_like(self.a))]
 
 
 def _q4_0(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -112,7 +115,9 @@ def _q5_k(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, in
 
 
 # type id -> (bytes per block, groups of 32 per block, decomposition)
-_FORMATS: dict[int, tuple[int, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]]] = {
+_FORMATS: dict[
+    int, tuple[int, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]]
+] = {
     Q4_0: (18, _q4_0),
     Q4_1: (20, _q4_1),
     Q5_0: (22, _q5_0),
@@ -126,10 +131,7 @@ _FORMATS: dict[int, tuple[int, Callable[[torch.Tensor], tuple[torch.Tensor, torc
 def packable(qtype: int, shape: tuple[int, ...]) -> bool:
     """Whether a 2-D weight of GGML type `qtype` and numpy shape (N, K) maps exactly onto int4pack."""
     return (
-        int(qtype) in _FORMATS
-        and len(shape) == 2
-        and shape[0] % _N_MULTIPLE == 0
-        and shape[1] % GROUP == 0
+        int(qtype) in _FORMATS and len(shape) == 2 and shape[0] % _N_MULTIPLE == 0 and shape[1] % GROUP == 0
     )
 
 
@@ -144,14 +146,15 @@ def int4_groups(raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> Int4Gr
 
 
 def dequantize_groups_ref(g: Int4Groups) -> torch.Tensor:
-    """float32 W [N, K] computed plane by plane as the kernel does: sum_j (p_j - 8) * s_j + z_j."""
-    out: torch.Tensor | None = None
+    """float32 W [N, K] from the planes: sum_j (p_j - 8) * s_j + sum_j z_j (the integer parts
+    first: they are exact in float32, so W rounds once more than the zeros do)."""
+    n, k = g.u.shape
+    w = torch.zeros(n, k // GROUP, GROUP)
+    zero = torch.zeros(n, k // GROUP, 1)
     for p, s, z in g.planes():
-        n, k = p.shape
-        w = ((p.float() - 8.0).view(n, -1, GROUP) * s.unsqueeze(-1) + z.unsqueeze(-1)).view(n, k)
-        out = w if out is None else out + w
-    assert out is not None
-    return out
+        w += (p.float() - 8.0).view(n, -1, GROUP) * s.unsqueeze(-1)
+        zero += z.unsqueeze(-1)
+    return (w + zero).view(n, k)
 
 
 @dataclass(frozen=True)
