@@ -135,6 +135,11 @@ def packable(qtype: int, shape: tuple[int, ...]) -> bool:
     )
 
 
+def n_planes_of(qtype: int) -> int:
+    """4-bit planes a packable type needs: 1 for 4-bit formats, 2 for 5- and 8-bit ones."""
+    return 1 if int(qtype) in (Q4_0, Q4_1, Q4_K) else 2
+
+
 def int4_groups(raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> Int4Groups:
     """The exact affine decomposition of a GGUF tensor's raw bytes (see the module docstring)."""
     if not packable(qtype, shape):
@@ -169,14 +174,20 @@ class Int4Packed:
         return sum(t.numel() * t.element_size() for t in (*self.weights, *self.scales_zeros))
 
 
-def pack(g: Int4Groups) -> Int4Packed:
-    """The kernel's layout for `g` (scales and zeros rounded to bfloat16, as its interface takes them)."""
+def pack(*gs: Int4Groups) -> Int4Packed:
+    """The kernel's layout for `gs` stacked along N (one matmul for several weights over the same
+    input, e.g. Q, K and V); all must have the same number of planes. Scales and zeros are
+    rounded to bfloat16, as the kernel's interface takes them."""
+    if len({g.n_planes for g in gs}) != 1:
+        raise ValueError("weights packed together need the same number of planes")
     ws, szs = [], []
-    for p, s, z in g.planes():
+    for planes in zip(*(g.planes() for g in gs), strict=True):
+        p = torch.cat([pl[0] for pl in planes]) if len(planes) > 1 else planes[0][0]
+        s = torch.cat([pl[1] for pl in planes]) if len(planes) > 1 else planes[0][1]
+        z = torch.cat([pl[2] for pl in planes]) if len(planes) > 1 else planes[0][2]
         ws.append(torch._convert_weight_to_int4pack_for_cpu(p.to(torch.int32), 1))
         szs.append(torch.stack((s.t(), z.t()), dim=-1).to(torch.bfloat16).contiguous())
-    n, k = g.u.shape
-    return Int4Packed(tuple(ws), tuple(szs), (n, k))
+    return Int4Packed(tuple(ws), tuple(szs), (sum(g.u.shape[0] for g in gs), gs[0].u.shape[1]))
 
 
 def int4_linear(x: torch.Tensor, w: Int4Packed) -> torch.Tensor:

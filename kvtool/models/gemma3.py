@@ -21,7 +21,7 @@ from kvtool.memory.kv_cells import SWAParams
 from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import HParams, SWAHParams
 from kvtool.models.layers import RopeParams, apply_rope, attend, geglu, rms_norm
-from kvtool.models.linear import Embedding, Linear, load_linear, output_linear
+from kvtool.models.linear import Embedding, Linear, LinearGroup, load_linear, output_linear
 
 SWA_PATTERN_DEFAULT = 6  # five sliding layers, then one global (when the GGUF has no pattern key)
 N_LAYER_27B = 62  # Gemma-3-27B scales queries by 1/sqrt(n_embd / n_head) instead of 1/sqrt(head_dim)
@@ -30,16 +30,13 @@ N_LAYER_27B = 62  # Gemma-3-27B scales queries by 1/sqrt(n_embd / n_head) instea
 @dataclass
 class Gemma3Layer:
     attn_norm: torch.Tensor  # [n_embd]
-    wq: Linear  # [n_head * hd, n_embd]
-    wk: Linear  # [n_head_kv * hd, n_embd]
-    wv: Linear  # [n_head_kv * hd_v, n_embd]
+    wqkv: LinearGroup  # q [n_head * hd, n_embd], k [n_head_kv * hd, n_embd], v [n_head_kv * hd_v, n_embd]
     wo: Linear  # [n_embd, n_head * hd_v]
     q_norm: torch.Tensor  # [hd]
     k_norm: torch.Tensor  # [hd]
     attn_post_norm: torch.Tensor  # [n_embd]
     ffn_norm: torch.Tensor  # [n_embd]
-    ffn_gate: Linear  # [n_ff, n_embd]
-    ffn_up: Linear  # [n_ff, n_embd]
+    ffn_gate_up: LinearGroup  # gate, up [n_ff, n_embd]
     ffn_down: Linear  # [n_embd, n_ff]
     ffn_post_norm: torch.Tensor  # [n_embd]
 
@@ -51,18 +48,18 @@ class Gemma3Layer:
         def lin(name: str) -> Linear:
             return load_linear(f, f"blk.{il}.{name}.weight", weights)
 
+        def group(*names: str) -> LinearGroup:
+            return LinearGroup(f, [f"blk.{il}.{n}.weight" for n in names], weights, [None] * len(names))
+
         return cls(
             attn_norm=t("attn_norm"),
-            wq=lin("attn_q"),
-            wk=lin("attn_k"),
-            wv=lin("attn_v"),
+            wqkv=group("attn_q", "attn_k", "attn_v"),
             wo=lin("attn_output"),
             q_norm=t("attn_q_norm"),
             k_norm=t("attn_k_norm"),
             attn_post_norm=t("post_attention_norm"),
             ffn_norm=t("ffn_norm"),
-            ffn_gate=lin("ffn_gate"),
-            ffn_up=lin("ffn_up"),
+            ffn_gate_up=group("ffn_gate", "ffn_up"),
             ffn_down=lin("ffn_down"),
             ffn_post_norm=t("post_ffw_norm"),
         )
@@ -125,9 +122,10 @@ class Gemma3Model:
             rope = self.rope(il)
             cos, sin = rot_swa if self.is_swa(il) else rot_global
             h = rms_norm(x, L.attn_norm, hp.eps)
-            q = L.wq(h).view(n, hp.n_head, hp.head_dim_k)
-            k = L.wk(h).view(n, hp.n_head_kv[il], hp.head_dim_k)
-            v = L.wv(h).view(n, hp.n_head_kv[il], hp.head_dim_v)
+            q, k, v = L.wqkv(h)
+            q = q.reshape(n, hp.n_head, hp.head_dim_k)
+            k = k.reshape(n, hp.n_head_kv[il], hp.head_dim_k)
+            v = v.reshape(n, hp.n_head_kv[il], hp.head_dim_v)
             q = apply_rope(rms_norm(q, L.q_norm, hp.eps), cos, sin, rope) * self.q_scale
             k = apply_rope(rms_norm(k, L.k_norm, hp.eps), cos, sin, rope)
             a = L.wo(attend(mctx.layer_view(il), q, k, v, 1.0))  # queries are pre-scaled, as in llama.cpp
@@ -135,7 +133,7 @@ class Gemma3Model:
                 out = torch.from_numpy(ub.output)  # only output rows need the rest
                 a, x = a[out], x[out]
             x = x + rms_norm(a, L.attn_post_norm, hp.eps)
-            f = geglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate, L.ffn_up, L.ffn_down)
+            f = geglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
             x = x + rms_norm(f, L.ffn_post_norm, hp.eps)
         logits = self.output(rms_norm(x, self.output_norm, hp.eps))
         if self.final_logit_softcap:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from kvtool.kernels.attention import attention
 from kvtool.kernels.store_kv import store_kv
 from kvtool.memory.kv_cache_context import KVView
-from kvtool.models.linear import Linear
+from kvtool.models.linear import Linear, LinearGroup
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -72,9 +72,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p: RopePar
     return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
 
 
-def swiglu(x: torch.Tensor, gate: Linear, up: Linear, down: Linear) -> torch.Tensor:
+def swiglu(x: torch.Tensor, gate_up: LinearGroup, down: Linear) -> torch.Tensor:
     """down(silu(gate(x)) * up(x))."""
-    return down(F.silu(gate(x)) * up(x))
+    gate, up = gate_up(x)
+    return down(F.silu(gate) * up)
 
 
 _SQRT_2_OVER_PI = 0.79788456080286535587989211986876
@@ -92,9 +93,10 @@ def gelu_ggml(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x <= -10.0, torch.zeros_like(x), torch.where(x >= 10.0, x, g))
 
 
-def geglu(x: torch.Tensor, gate: Linear, up: Linear, down: Linear) -> torch.Tensor:
+def geglu(x: torch.Tensor, gate_up: LinearGroup, down: Linear) -> torch.Tensor:
     """down(gelu(gate(x)) * up(x)) with ggml's CPU GELU (llama.cpp's LLM_FFN_GELU + LLM_FFN_PAR)."""
-    return down(gelu_ggml(gate(x)) * up(x))
+    gate, up = gate_up(x)
+    return down(gelu_ggml(gate) * up)
 
 
 def attend(view: KVView, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

@@ -11,6 +11,7 @@ softmax stay float32; only the packed matmul's input goes through bfloat16.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, Protocol
 
 import torch
@@ -18,8 +19,8 @@ import torch.nn.functional as F
 
 from kvtool.errors import ModelLoadError
 from kvtool.gguf_file import GGUFFile
-from kvtool.kernels.dequant import dequantize
-from kvtool.kernels.int4pack import Int4Packed, int4_groups, int4_linear, pack, packable
+from kvtool.kernels.dequant import F32, dequantize
+from kvtool.kernels.int4pack import Int4Packed, int4_groups, int4_linear, n_planes_of, pack, packable
 
 WeightsMode = Literal["auto", "f32"]
 WEIGHTS_MODES: tuple[str, ...] = ("auto", "f32")
@@ -48,19 +49,24 @@ class DenseLinear:
 
 
 class QuantLinear:
-    """A weight kept in int4pack form; the dense float32 copy is built on the first many-row call."""
+    """Weights kept in int4pack form, stacked along n_out when several share an input (one
+    matmul for Q, K and V); the dense float32 copy is built on the first many-row call."""
 
-    def __init__(self, f: GGUFFile, name: str, bias: torch.Tensor | None = None) -> None:
-        info = f.tensor_info(name)
-        self._file, self._name = f, name
-        self.packed: Int4Packed = pack(int4_groups(f.tensor_bytes(name), info.qtype, info.shape))  # type: ignore[arg-type]
+    def __init__(self, f: GGUFFile, names: Sequence[str], bias: torch.Tensor | None = None) -> None:
+        self._file, self._names = f, list(names)
+        groups = []
+        for name in names:
+            info = f.tensor_info(name)
+            groups.append(int4_groups(f.tensor_bytes(name), info.qtype, info.shape))  # type: ignore[arg-type]
+        self.packed: Int4Packed = pack(*groups)
         self.bias = bias
         self._dense: torch.Tensor | None = None
 
     def dense(self) -> torch.Tensor:
         """The float32 weight [n_out, n_in], exactly as `gguf.quants.dequantize` gives it."""
         if self._dense is None:
-            self._dense = self._file.tensor(self._name)
+            parts = [self._file.tensor(n) for n in self._names]
+            self._dense = parts[0] if len(parts) == 1 else torch.cat(parts)
         return self._dense
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -79,18 +85,49 @@ def load_linear(f: GGUFFile, name: str, weights: str, bias: torch.Tensor | None 
     """The linear layer for GGUF tensor `name` ([n_out, n_in] in numpy order)."""
     info = f.tensor_info(name)
     if weights == "auto" and packable(info.qtype, info.shape):
-        return QuantLinear(f, name, bias)
+        return QuantLinear(f, [name], bias)
     return DenseLinear(f.tensor(name), bias)
 
 
+class LinearGroup:
+    """Several linear layers over one input (Q/K/V, gate/up): one stacked packed matmul whose
+    output is split when every weight packs alike, else one layer each. The float32 mode keeps
+    one F.linear per weight, exactly as before."""
+
+    def __init__(
+        self, f: GGUFFile, names: Sequence[str], weights: str, biases: Sequence[torch.Tensor | None]
+    ) -> None:
+        infos = [f.tensor_info(n) for n in names]
+        self.sizes = [i.shape[0] for i in infos]
+        fuse = weights == "auto" and all(packable(i.qtype, i.shape) for i in infos)
+        fuse = fuse and len({n_planes_of(i.qtype) for i in infos}) == 1
+        self.fused: QuantLinear | None = None
+        self.parts: list[Linear] = []
+        if fuse:
+            bias = None
+            if any(b is not None for b in biases):
+                bias = torch.cat(
+                    [b if b is not None else torch.zeros(n) for b, n in zip(biases, self.sizes, strict=True)]
+                )
+            self.fused = QuantLinear(f, names, bias)
+        else:
+            self.parts = [load_linear(f, n, weights, b) for n, b in zip(names, biases, strict=True)]
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """[n, n_in] -> one [n, n_out_i] per weight, in the order of `names`."""
+        if self.fused is not None:
+            return list(self.fused(x).split(self.sizes, dim=-1))
+        return [p(x) for p in self.parts]
+
+
 class Embedding:
-    """Token embedding rows. With `weights="auto"` and a packable type only the rows asked for are
-    dequantized (from the memory-mapped file, bit for bit as a full dequantization gives them)."""
+    """Token embedding rows. With `weights="auto"` only the rows asked for are dequantized (from
+    the memory-mapped file, bit for bit as a full dequantization gives them)."""
 
     def __init__(self, f: GGUFFile, name: str, weights: str) -> None:
         info = f.tensor_info(name)
         self._qtype, self._shape = info.qtype, info.shape
-        lazy = weights == "auto" and packable(info.qtype, info.shape)
+        lazy = weights == "auto" and info.qtype != F32  # float32 data is a free view of the map
         self.dense: torch.Tensor | None = None if lazy else f.tensor(name)
         # [n_vocab, bytes per row]: rows of every GGML type start on block boundaries
         self._rows = f.tensor_bytes(name).view(info.shape[0], -1)

@@ -14,19 +14,16 @@ from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import HParams
 from kvtool.models.layers import RopeParams, apply_rope, attend, rms_norm, swiglu
-from kvtool.models.linear import Embedding, Linear, load_linear, output_linear
+from kvtool.models.linear import Embedding, Linear, LinearGroup, load_linear, output_linear
 
 
 @dataclass
 class LlamaLayer:
     attn_norm: torch.Tensor  # [n_embd]
-    wq: Linear  # [n_head * hd, n_embd] (+ bias)
-    wk: Linear  # [n_head_kv * hd, n_embd]
-    wv: Linear  # [n_head_kv * hd_v, n_embd]
+    wqkv: LinearGroup  # q [n_head * hd, n_embd], k [n_head_kv * hd, n_embd], v [n_head_kv * hd_v, n_embd]
     wo: Linear  # [n_embd, n_head * hd_v]
     ffn_norm: torch.Tensor
-    ffn_gate: Linear  # [n_ff, n_embd]
-    ffn_up: Linear
+    ffn_gate_up: LinearGroup  # gate, up [n_ff, n_embd]
     ffn_down: Linear  # [n_embd, n_ff]
 
 
@@ -43,21 +40,18 @@ class LlamaModel:
         self.output_norm = f.tensor("output_norm.weight")
         self.output = output_linear(f, weights, self.tok_embd)  # tied embeddings if absent
 
-        def lin(il: int, name: str, bias: bool = False) -> Linear:
-            b = _opt(f, f"blk.{il}.{name}.bias") if bias else None
-            return load_linear(f, f"blk.{il}.{name}.weight", weights, b)
+        def group(il: int, names: list[str], bias: bool = False) -> LinearGroup:
+            biases = [_opt(f, f"blk.{il}.{n}.bias") if bias else None for n in names]
+            return LinearGroup(f, [f"blk.{il}.{n}.weight" for n in names], weights, biases)
 
         self.layers = [
             LlamaLayer(
                 attn_norm=f.tensor(f"blk.{il}.attn_norm.weight"),
-                wq=lin(il, "attn_q", bias=True),
-                wk=lin(il, "attn_k", bias=True),
-                wv=lin(il, "attn_v", bias=True),
-                wo=lin(il, "attn_output"),
+                wqkv=group(il, ["attn_q", "attn_k", "attn_v"], bias=True),
+                wo=load_linear(f, f"blk.{il}.attn_output.weight", weights),
                 ffn_norm=f.tensor(f"blk.{il}.ffn_norm.weight"),
-                ffn_gate=lin(il, "ffn_gate"),
-                ffn_up=lin(il, "ffn_up"),
-                ffn_down=lin(il, "ffn_down"),
+                ffn_gate_up=group(il, ["ffn_gate", "ffn_up"]),
+                ffn_down=load_linear(f, f"blk.{il}.ffn_down.weight", weights),
             )
             for il in range(hp.n_layer)
         ]
@@ -88,13 +82,14 @@ class LlamaModel:
         scale = 1.0 / math.sqrt(hp.head_dim_k)
         for il, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, hp.eps)
-            q = L.wq(h).view(n, hp.n_head, hp.head_dim_k)
-            k = L.wk(h).view(n, hp.n_head_kv[il], hp.head_dim_k)
-            v = L.wv(h).view(n, hp.n_head_kv[il], hp.head_dim_v)
+            q, k, v = L.wqkv(h)
+            q = q.reshape(n, hp.n_head, hp.head_dim_k)
+            k = k.reshape(n, hp.n_head_kv[il], hp.head_dim_k)
+            v = v.reshape(n, hp.n_head_kv[il], hp.head_dim_v)
             q = apply_rope(q, cos, sin, self.rope)
             k = apply_rope(k, cos, sin, self.rope)
             x = x + L.wo(attend(mctx.layer_view(il), q, k, v, scale))
             if il == hp.n_layer - 1:
                 x = x[torch.from_numpy(ub.output)]  # only output rows need the rest
-            x = x + swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate, L.ffn_up, L.ffn_down)
+            x = x + swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
         return self.output(rms_norm(x, self.output_norm, hp.eps))
