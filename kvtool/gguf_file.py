@@ -79,7 +79,7 @@ class _Cursor:
         """`count` strings in a row (a vocabulary: ~100k), read in one tight loop: a method call
         per string and per length was most of the header's parse time."""
         buf, size, pos = self.buf, self.size, self.pos
-        out = []
+        out: list[str] = []
         append, from_bytes = out.append, int.from_bytes
         for _ in range(count):
             if pos + 8 > size:

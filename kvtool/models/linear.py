@@ -25,10 +25,11 @@ from kvtool.kernels.int4pack import Int4Packed, int4_groups, int4_linear, n_plan
 WeightsMode = Literal["auto", "f32"]
 WEIGHTS_MODES: tuple[str, ...] = ("auto", "f32")
 
-# Rows up to which the packed GEMV beats the dense float32 GEMM. Measured on an AVX2 machine
-# (SmolLM2's shapes, 1 thread): the packed kernel costs about the same for 1-4 rows, then grows
-# with every row block, while a dense GEMM's cost per row falls; they cross near 8 rows.
-INT4_MAX_ROWS = 8
+# Rows up to which the packed GEMV beats the dense float32 GEMM. Measured on this project's
+# AVX2 machine (SmolLM2's 30 layers of fused shapes, 1 thread, weights far beyond the caches):
+# packed/dense time 0.42 at 1 row, 0.56 at 8, 0.80 at 16, 1.06 at 24 (under a loaded machine,
+# so indicative: see docs/benchmarks.md).
+INT4_MAX_ROWS = 16
 
 
 class Linear(Protocol):
