@@ -17,6 +17,7 @@ scalar loop an order of magnitude slower.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -174,6 +175,36 @@ class Int4Packed:
         return sum(t.numel() * t.element_size() for t in (*self.weights, *self.scales_zeros))
 
 
+def _nibbles_layout(q: torch.Tensor, block_n: int) -> torch.Tensor:
+    """The CPU kernel's weight layout, as observed: per block of `block_n` rows, byte [k, j] holds
+    row j's nibble k (low) and row j + block_n/2's (high), k-major; viewed as [N, K / 2]."""
+    n, k = q.shape
+    b = q.view(n // block_n, 2, block_n // 2, k)
+    return (b[:, 0] | (b[:, 1] << 4)).transpose(1, 2).contiguous().view(n, k // 2)
+
+
+@functools.cache
+def _layout_block() -> int | None:
+    """The row block of torch's packed layout on this CPU (it differs by ISA), found by packing
+    a probe both ways; None if neither known layout matches (then torch's converter is used)."""
+    q = torch.randint(0, 16, (128, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    want = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+    for block in (32, 64):
+        got = _nibbles_layout(q, block)
+        if got.shape == want.shape and torch.equal(got, want):
+            return block
+    return None
+
+
+def _pack_nibbles(p: torch.Tensor) -> torch.Tensor:
+    """torch's packed layout of 4-bit p [N, K] (uint8): built directly when the layout is known
+    (the converter wants int32 input: 4 bytes per weight and two more passes at load)."""
+    block = _layout_block()
+    if block is not None and p.shape[0] % block == 0:
+        return _nibbles_layout(p, block)
+    return torch._convert_weight_to_int4pack_for_cpu(p.to(torch.int32), 1)
+
+
 def pack(*gs: Int4Groups) -> Int4Packed:
     """The kernel's layout for `gs` stacked along N (one matmul for several weights over the same
     input, e.g. Q, K and V); all must have the same number of planes. Scales and zeros are
@@ -185,7 +216,7 @@ def pack(*gs: Int4Groups) -> Int4Packed:
         p = torch.cat([pl[0] for pl in planes]) if len(planes) > 1 else planes[0][0]
         s = torch.cat([pl[1] for pl in planes]) if len(planes) > 1 else planes[0][1]
         z = torch.cat([pl[2] for pl in planes]) if len(planes) > 1 else planes[0][2]
-        ws.append(torch._convert_weight_to_int4pack_for_cpu(p.to(torch.int32), 1))
+        ws.append(_pack_nibbles(p))
         szs.append(torch.stack((s.t(), z.t()), dim=-1).to(torch.bfloat16).contiguous())
     return Int4Packed(tuple(ws), tuple(szs), (sum(g.u.shape[0] for g in gs), gs[0].u.shape[1]))
 

@@ -13,6 +13,7 @@ from gguf.quants import quantize
 from kvtool import registry
 from kvtool.gguf_file import GGUFFile
 from kvtool.kernels.int4pack import (
+    _pack_nibbles,
     dequantize_groups_ref,
     int4_groups,
     int4_linear,
@@ -124,3 +125,10 @@ def test_real_tensor_groups_match_gguf(file: str, qtype: T) -> None:
     raw = f.tensor_bytes(info.name)
     g = int4_groups(raw, info.qtype, info.shape)  # type: ignore[arg-type]
     assert_bits_equal(dequantize_groups_ref(g), ref_dequantize(raw.numpy().reshape(info.shape[0], -1), qtype))
+
+
+@pytest.mark.parametrize("shape", [(32, 64), (96, 576), (64, 1536), (48, 256)])
+def test_direct_packing_equals_torchs_converter(shape: tuple[int, int]) -> None:
+    q = torch.randint(0, 16, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    want = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+    assert torch.equal(_pack_nibbles(q), want)
