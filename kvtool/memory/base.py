@@ -106,10 +106,10 @@ class MemoryContext(Protocol):
     def layer_view(self, il: int) -> Any: ...
 
 
-class NoUpdate:
-    """The update context when nothing is pending."""
+class UpdateContext:
+    """A memory update (pending shifts, ...): one step, no ubatch, no layer views."""
 
-    status = MemoryStatus.NO_UPDATE
+    status = MemoryStatus.SUCCESS
 
     def next(self) -> bool:
         return False
@@ -123,6 +123,12 @@ class NoUpdate:
 
     def layer_view(self, il: int) -> Any:
         raise RuntimeError("an update context has no layer views")
+
+
+class NoUpdate(UpdateContext):
+    """The update context when nothing is pending."""
+
+    status = MemoryStatus.NO_UPDATE
 
 
 class FailedPrepare(NoUpdate):

@@ -18,7 +18,6 @@ from kvtool.memory.base import (
     Clear,
     Commit,
     MemoryRefused,
-    MemoryStatus,
     NoUpdate,
     PartBatches,
     SeqAdd,
@@ -28,6 +27,7 @@ from kvtool.memory.base import (
     SeqOp,
     SeqOps,
     SeqRm,
+    UpdateContext,
     pos_range,
 )
 from kvtool.memory.kv_cache_context import KVCacheContext
@@ -267,16 +267,11 @@ class KVCache(SeqOps, PartBatches):
         return kv_cache_state.plan_read(self, r, seq)
 
 
-class KVShiftContext:
+class KVShiftContext(UpdateContext):
     """Applies pending position shifts: K rows are re-rotated by their deltas."""
-
-    status = MemoryStatus.SUCCESS
 
     def __init__(self, cache: KVCache) -> None:
         self.cache = cache
-
-    def next(self) -> bool:
-        return False
 
     def apply(self) -> bool:
         cache = self.cache
@@ -294,10 +289,3 @@ class KVShiftContext:
                 rows = k[s].index_select(0, ti)
                 k[s].index_copy_(0, ti, cache.shift_fn(il, rows.float(), delta).to(k.dtype))
         return True
-
-    @property
-    def ubatch(self) -> UBatch:
-        raise RuntimeError("an update context has no ubatch")
-
-    def layer_view(self, il: int) -> object:
-        raise RuntimeError("an update context has no layer views")

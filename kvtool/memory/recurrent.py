@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -46,6 +46,7 @@ from kvtool.memory.recurrent_cells import RSCells
 if TYPE_CHECKING:
     from kvtool.batch import UBatch
     from kvtool.memory.recurrent_context import RecurrentContext
+    from kvtool.memory.spec import MemoryParams
     from kvtool.state.io import StateReader, StateWriter
 
 _MAX_POS = 2**31 - 1
@@ -92,14 +93,9 @@ class RecurrentSpec:
 
     layers: dict[int, RSLayerSpec]
 
-    def build(self, params: Any) -> RecurrentMemory:
-        """`params`: kvtool.memory.spec.MemoryParams (n_seq_max, device, n_rs_seq)."""
-        return RecurrentMemory(
-            self.layers,
-            n_seq_max=max(1, int(params.n_seq_max)),
-            n_rs_seq=int(getattr(params, "n_rs_seq", 0)),
-            device=getattr(params, "device", "cpu"),
-        )
+    def build(self, params: MemoryParams) -> RecurrentMemory:
+        """n_seq_max state slots (KV sizes and kv_unified do not apply), n_rs_seq snapshots."""
+        return RecurrentMemory(self.layers, max(1, params.n_seq_max), params.n_rs_seq, params.device)
 
 
 @dataclass

@@ -14,6 +14,8 @@ from kvtool.memory.spec import MemorySpec
 from kvtool.models.gemma3 import Gemma3Model
 from kvtool.models.hparams import HParams
 from kvtool.models.llama import LlamaModel
+from kvtool.models.mamba import MambaModel
+from kvtool.models.mamba2 import Mamba2Model
 
 
 class Architecture(Protocol):
@@ -26,4 +28,6 @@ class Architecture(Protocol):
 ARCHITECTURES: dict[str, Callable[[GGUFFile, HParams], Architecture]] = {
     "llama": LlamaModel,
     "gemma3": Gemma3Model,
+    "mamba": MambaModel,
+    "mamba2": Mamba2Model,
 }

@@ -43,7 +43,7 @@ class HParams:
         n_layer = int(f.arch_get("block_count"))
         n_head = int(f.arch_get("attention.head_count"))
         n_head_kv = per_layer(f.arch_get("attention.head_count_kv", n_head), n_layer)
-        hd_k = int(f.arch_get("attention.key_length", n_embd // n_head))
+        hd_k = int(f.arch_get("attention.key_length", n_embd // n_head if n_head else 0))  # 0: no attention
         hd_v = int(f.arch_get("attention.value_length", hd_k))
         scaling = str(f.arch_get("rope.scaling.type", "none"))
         factor = float(f.arch_get("rope.scaling.factor", 0.0) or 0.0)

@@ -110,3 +110,17 @@ def test_failed_decode_leaves_the_states_as_before(arch: str, monkeypatch: pytes
     got = decode(ctx, PROMPT[10:12], 6)
     fresh = context(arch, n_rs_seq=0)
     close(got, decode(fresh, [*PROMPT[:6], *PROMPT[10:12]], 0)[-2:])
+
+
+def test_states_do_not_cross_between_recurrent_and_kv_models() -> None:
+    rec = context("mamba", n_rs_seq=0)
+    decode(rec, PROMPT[:5], 0)
+    kv = kvtool.Context(
+        kvtool.Model(DATA / "models" / "tiny-llama.gguf"), kvtool.ContextParams(n_ctx=256, n_seq_max=2)
+    )
+    decode(kv, PROMPT[:5], 0)
+    with pytest.raises(kvtool.StateError):
+        kv.state_seq_set_data(rec.state_seq_get_data(0), 1)
+    with pytest.raises(kvtool.StateError):
+        rec.state_seq_set_data(kv.state_seq_get_data(0), 1)
+    assert kv.memory.seq_pos_max(1) == -1 and rec.memory.seq_pos_max(1) == -1
