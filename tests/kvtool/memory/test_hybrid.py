@@ -18,8 +18,9 @@ import torch
 import kvtool
 from kvtool.batch import Split
 from kvtool.memory.base import Commit, MemoryRefused, SeqOp
-from kvtool.memory.hybrid import HybridMemory
+from kvtool.memory.hybrid import HybridMemory, SWAKVPart
 from kvtool.memory.kv_cache import KVCache
+from kvtool.memory.kv_cells import SWAParams
 from kvtool.memory.recurrent import RecurrentMemory
 from kvtool.memory.spec import MemoryParams
 from kvtool.state.container import read_container, write_container
@@ -165,7 +166,9 @@ def test_failed_batch_is_undone_in_both_parts(monkeypatch: pytest.MonkeyPatch) -
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize(("src_unified", "dst_unified"), [(True, True), (False, False), (True, False), (False, True)])
+@pytest.mark.parametrize(
+    ("src_unified", "dst_unified"), [(True, True), (False, False), (True, False), (False, True)]
+)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_saved_sequence_continues_exactly(arch: str, src_unified: bool, dst_unified: bool) -> None:
     src = context(arch, src_unified)
@@ -225,3 +228,46 @@ def test_a_corrupted_part_loads_nothing(unified: bool, bad: str) -> None:
     assert same(before, snapshot(live.memory))
     live.state_seq_set_data(blob, 1)  # the intact file loads into both parts
     assert live.memory.recurrent.seq_pos_max(1) == 9 and live.memory.attn.seq_pos_max(1) == 9
+
+
+class WindowedSpec:
+    """The lfm2 model's hybrid spec with layer 1 on a sliding window of n_swa."""
+
+    def __init__(self, inner: Any, n_swa: int) -> None:
+        self.inner = dataclasses.replace(
+            inner, attn=dataclasses.replace(inner.attn, swa_layers=frozenset({1}), swa=SWAParams(n_swa))
+        )
+
+    def build(self, params: MemoryParams) -> HybridMemory:
+        return self.inner.build(params)
+
+
+@pytest.mark.parametrize("unified", [True, False])
+def test_a_sliding_window_pair_as_the_attention_part(monkeypatch: pytest.MonkeyPatch, unified: bool) -> None:
+    plain = context("lfm2", unified)
+    want = decode(plain, PROMPT[:20], 0)
+    m = model("lfm2")
+    spec = m.memory_spec()
+    monkeypatch.setattr(m, "memory_spec", lambda: WindowedSpec(spec, 4))
+    narrow = context("lfm2", unified)
+    assert isinstance(narrow.memory.attn, SWAKVPart)
+    assert not torch.allclose(decode(narrow, PROMPT[:20], 0), want)  # the window changes layer 1
+    monkeypatch.setattr(m, "memory_spec", lambda: WindowedSpec(spec, 64))
+    wide = context("lfm2", unified)
+    assert torch.equal(decode(wide, PROMPT[:20], 0), want)  # wider than the prompt: no change
+    before = snapshot_swa(wide.memory)
+    assert wide.memory.seq_rm(0, 10, -1) is False
+    assert same(before, snapshot_swa(wide.memory))
+    blob = wide.state_seq_get_data(0)
+    wide.memory.clear(True)
+    wide.state_seq_set_data(blob, 1)
+    assert (wide.memory.seq_pos_min(1), wide.memory.seq_pos_max(1)) == (19, 19)
+
+
+def snapshot_swa(mem: HybridMemory) -> list[Any]:
+    out: list[Any] = []
+    for kv in mem.attn.parts.values():  # type: ignore[attr-defined]
+        out += [c.pos.copy() for c in kv.cells] + [t.clone() for t in (*kv.k.values(), *kv.v.values())]
+    rs = mem.recurrent
+    assert isinstance(rs, RecurrentMemory)
+    return out + [rs.cells.pos.copy()] + [t.clone() for ts in rs.t.values() for t in ts.values()]
