@@ -12,15 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-try:  # triton is in the gpu/test extras only; the reference runs without it
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
-
-# With postponed annotations `tl.constexpr` is only a string, so the kernel can be defined
-# (undecorated, never launched) when triton is missing.
-_jit = triton.jit if triton is not None else (lambda fn: fn)
+from ._triton import jit, tl, triton, use_triton
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _LOG2E = 1.0 / math.log(2.0)
@@ -52,7 +44,7 @@ def attention_ref(
     return out.masked_fill(empty.unsqueeze(-1), 0.0).to(q.dtype)
 
 
-@_jit
+@jit
 def _dot(a, b, F16: tl.constexpr):
     # fp16 operands use the tensor cores; fp32/bf16 operands run in exact fp32 (no tf32), as
     # the reference does (bf16 is upcast: the interpreter mis-computes bf16 dots).
@@ -63,36 +55,51 @@ def _dot(a, b, F16: tl.constexpr):
     return out
 
 
-@_jit
+@jit
+def _rows(pid_rows, pid_sh, n_q, n_head_kv, group, BLOCK_M: tl.constexpr):
+    # A program owns one (stream, kv head) and BLOCK_M rows of (query, head in the group):
+    # row r is query r // group with head hkv * group + r % group. Packing the group's heads
+    # into rows reads each K/V tile once for all of them and fills the tile at decode.
+    s = (pid_sh // n_head_kv).to(tl.int64)
+    hkv = pid_sh % n_head_kv
+    rows = pid_rows * BLOCK_M + tl.arange(0, BLOCK_M)  # [M]
+    qi = rows // group
+    return s, hkv, rows, qi, hkv * group + rows % group, qi < n_q
+
+
+@jit
+def _store_out(o_ptr, s, qi, head, so_s, so_m, so_h, acc, l_i, row_ok, offs_dv, dv_ok):
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a row that saw no key stays 0
+    o_ptrs = o_ptr + s * so_s + qi[:, None] * so_m + head[:, None] * so_h + offs_dv[None, :]
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+
+
+@jit
 def _attention_kernel(
     q_ptr,  # [S, n_q, H, D]
     k_ptr,  # [S, n_kv, Hkv, D]
     v_ptr,  # [S, n_kv, Hkv, Dv]
     mask_ptr,  # [S, n_q, n_kv]
     o_ptr,  # [S, n_q, H, Dv]
+    m_ptr, l_ptr,  # [n_split, S * Hkv, n_q * group] fp32: each split's running max and sum
+    acc_ptr,  # [n_split, S * Hkv, n_q * group, Dv] fp32: each split's unnormalized output
     sq_s, sq_m, sq_h,
     sk_s, sk_n, sk_h,
     sv_s, sv_n, sv_h,
     sm_s, sm_m, sm_n,
     so_s, so_m, so_h,
     n_q, n_kv, n_head_kv, group, head_dim, head_dim_v,
+    kv_per_split,  # keys per program along grid axis 2, a multiple of BLOCK_N
     qk_scale,  # scale * log2(e): the softmax runs in base 2
     F16: tl.constexpr,  # all of q, k, v are fp16: dot in fp16; otherwise in fp32
+    SPLIT: tl.constexpr,  # write the partials for _attention_reduce_kernel instead of o
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
-    # A program owns one (stream, kv head) and BLOCK_M rows of (query, head in the group):
-    # row r is query r // group with head hkv * group + r % group. Packing the group's heads
-    # into rows reads each K/V tile once for all of them and fills the tile at decode.
-    pid_s = tl.program_id(1)
-    s = (pid_s // n_head_kv).to(tl.int64)
-    hkv = pid_s % n_head_kv
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # [M]
-    qi = rows // group
-    head = hkv * group + rows % group
-    row_ok = qi < n_q
+    pid_sh = tl.program_id(1)
+    s, hkv, rows, qi, head, row_ok = _rows(tl.program_id(0), pid_sh, n_q, n_head_kv, group, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     d_ok = offs_d < head_dim
@@ -107,9 +114,11 @@ def _attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (base 2)
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    for start in range(0, n_kv, BLOCK_N):
+    lo = tl.program_id(2) * kv_per_split
+    hi = tl.minimum(lo + kv_per_split, n_kv)
+    for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)  # [N]
-        n_ok = offs_n < n_kv
+        n_ok = offs_n < hi
         bias_ptrs = m_base + offs_n[None, :] * sm_n
         bias = tl.load(bias_ptrs, mask=row_ok[:, None] & n_ok[None, :], other=float("-inf"))
         bias = bias.to(tl.float32)  # [M, N]
@@ -128,9 +137,61 @@ def _attention_kernel(
             vt = tl.load(v_ptrs, mask=n_ok[:, None] & dv_ok[None, :], other=0.0)  # [N, Dv]
             acc = acc * alpha[:, None] + _dot(p, vt, F16)
             m_i = m_new
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a row that saw no key stays 0
-    o_ptrs = o_ptr + s * so_s + qi[:, None] * so_m + head[:, None] * so_h + offs_dv[None, :]
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+    if SPLIT:
+        part = (tl.program_id(2) * tl.num_programs(1) + pid_sh).to(tl.int64) * n_q * group + rows
+        tl.store(m_ptr + part, m_i, mask=row_ok)
+        tl.store(l_ptr + part, l_i, mask=row_ok)
+        acc_ptrs = acc_ptr + part[:, None] * head_dim_v + offs_dv[None, :]
+        tl.store(acc_ptrs, acc, mask=row_ok[:, None] & dv_ok[None, :])
+    else:
+        _store_out(o_ptr, s, qi, head, so_s, so_m, so_h, acc, l_i, row_ok, offs_dv, dv_ok)
+
+
+@jit
+def _attention_reduce_kernel(
+    m_ptr, l_ptr, acc_ptr,  # the partials of _attention_kernel's splits
+    o_ptr,  # [S, n_q, H, Dv]
+    so_s, so_m, so_h,
+    n_q, n_head_kv, group, head_dim_v, n_split,
+    BLOCK_M: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):  # fmt: skip
+    # Merges the splits of one (stream, kv head) and BLOCK_M rows as the kernel merges tiles:
+    # rescale what was summed so far and the split to their common max.
+    pid_sh = tl.program_id(1)
+    s, _hkv, rows, qi, head, row_ok = _rows(tl.program_id(0), pid_sh, n_q, n_head_kv, group, BLOCK_M)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dv_ok = offs_dv < head_dim_v
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    for split in range(0, n_split):
+        part = (split * tl.num_programs(1) + pid_sh).to(tl.int64) * n_q * group + rows
+        m_j = tl.load(m_ptr + part, mask=row_ok, other=float("-inf"))
+        l_j = tl.load(l_ptr + part, mask=row_ok, other=0.0)
+        acc_ptrs = acc_ptr + part[:, None] * head_dim_v + offs_dv[None, :]
+        acc_j = tl.load(acc_ptrs, mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
+        m_new = tl.maximum(m_i, m_j)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no split saw a key yet
+        alpha = tl.math.exp2(m_i - m_safe)
+        beta = tl.math.exp2(m_j - m_safe)
+        l_i = l_i * alpha + l_j * beta
+        acc = acc * alpha[:, None] + acc_j * beta[:, None]
+        m_i = m_new
+    _store_out(o_ptr, s, qi, head, so_s, so_m, so_h, acc, l_i, row_ok, offs_dv, dv_ok)
+
+
+# Split-KV (flash-decoding) policy: when one row block per (stream, KV head) leaves the GPU
+# idle, split the keys so that every SM gets about two programs, but keep each split at least
+# _SPLIT_MIN_KV keys long, below which its partials and the reduction outweigh the gain.
+_SPLIT_MIN_KV = 256
+_NOMINAL_SMS = 132  # an H100's, for CPU tensors: the interpreter takes a GPU's decisions
+
+
+def _n_split(n_row_blocks: int, n_stream_heads: int, n_kv: int, n_sm: int) -> int:
+    if n_row_blocks > 1:  # prompts: their rows fill the grid
+        return 1
+    return max(1, min(n_kv // _SPLIT_MIN_KV, triton.cdiv(2 * n_sm, n_stream_heads)))
 
 
 def attention_triton(
@@ -142,11 +203,14 @@ def attention_triton(
     *,
     block_m: int | None = None,
     block_n: int | None = None,
+    n_split: int | None = None,
 ) -> torch.Tensor:  # [n_stream, n_q, n_head, head_dim_v]
     """Flash attention in Triton with `attention_ref`'s contract (fp32 accumulation).
 
     `block_m` (rows of query x head-in-group per program) and `block_n` (keys per step)
     override the launch defaults; both must be powers of two >= 16 (tl.dot's minimum).
+    `n_split` caps how many programs share the keys of one row block (1: none; by default a
+    decode with few streams splits a long cache, flash-decoding, then merges the splits).
     """
     assert triton is not None, "attention_triton needs triton"
     n_stream, n_q, n_head, head_dim = q.shape
@@ -159,6 +223,7 @@ def attention_triton(
     assert mask.is_floating_point()
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1, "head_dim must be contiguous"
     assert q.device == k.device == v.device == mask.device
+    assert n_split is None or n_split >= 1, n_split
     group = n_head // n_head_kv
     out = torch.empty((n_stream, n_q, n_head, head_dim_v), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
@@ -171,31 +236,47 @@ def attention_triton(
     block_n = block_n or (64 if max(block_d, block_dv) <= 128 else 32)
     for b in (block_m, block_n):
         assert b >= 16 and b & (b - 1) == 0, f"block sizes must be powers of two >= 16, got {b}"
-    f16 = q.dtype == k.dtype == v.dtype == torch.float16
-    grid = (triton.cdiv(n_rows, block_m), n_stream * n_head_kv)
-    _attention_kernel[grid](
-        q, k, v, mask, out,
+    n_row_blocks, n_sh = triton.cdiv(n_rows, block_m), n_stream * n_head_kv
+    if n_split is None:
+        n_sm = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else _NOMINAL_SMS
+        n_split = _n_split(n_row_blocks, n_sh, n_kv, n_sm)
+    # Whole tiles per split; rounding up may leave fewer splits than asked.
+    kv_per_split = triton.cdiv(triton.cdiv(max(n_kv, 1), n_split), block_n) * block_n
+    n_split = triton.cdiv(max(n_kv, 1), kv_per_split)
+    if n_split > 1:
+        m_part = torch.empty((n_split, n_sh, n_rows), dtype=torch.float32, device=q.device)
+        l_part = torch.empty_like(m_part)
+        acc_part = torch.empty((n_split, n_sh, n_rows, head_dim_v), dtype=torch.float32, device=q.device)
+    else:  # never read: SPLIT=False writes `out` directly
+        m_part = l_part = acc_part = out
+    _attention_kernel[(n_row_blocks, n_sh, n_split)](
+        q, k, v, mask, out, m_part, l_part, acc_part,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         mask.stride(0), mask.stride(1), mask.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         n_q, n_kv, n_head_kv, group, head_dim, head_dim_v,
+        kv_per_split,
         scale * _LOG2E,
-        F16=f16, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
+        F16=q.dtype == k.dtype == v.dtype == torch.float16, SPLIT=n_split > 1,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
         num_warps=4, num_stages=2 if max(block_d, block_dv) > 128 else 3,
     )  # fmt: skip
+    if n_split > 1:
+        _attention_reduce_kernel[(n_row_blocks, n_sh)](
+            m_part, l_part, acc_part, out,
+            out.stride(0), out.stride(1), out.stride(2),
+            n_q, n_head_kv, group, head_dim_v, n_split,
+            BLOCK_M=block_m, BLOCK_DV=block_dv,
+        )  # fmt: skip
     return out
-
-
-def _use_triton(*tensors: torch.Tensor) -> bool:
-    return triton is not None and all(t.is_cuda for t in tensors)
 
 
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """Attention per stream (see `attention_ref`): Triton on CUDA tensors, the reference elsewhere."""
-    if _use_triton(q, k, v, mask):
+    if use_triton(q, k, v, mask):
         return attention_triton(q, k, v, mask, scale)
     return attention_ref(q, k, v, mask, scale)

@@ -15,13 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-try:  # triton is in the gpu/test extras only; the reference runs without it
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
-
-_jit = triton.jit if triton is not None else (lambda fn: fn)
+from ._triton import jit, tl, triton, use_triton
 
 CHUNK = 64
 
@@ -93,7 +87,7 @@ def ssd_step_ref(
     return torch.einsum("shpn,shn->shp", h, Ch).to(x.dtype), h
 
 
-@_jit
+@jit
 def _ssd_kernel(
     s_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, y_ptr, out_ptr,
     T, n_head, heads_per_group, head_dim, d_state, n_states,
@@ -185,10 +179,6 @@ def ssd_step_triton(
     return y[:, 0], h[:, 0]
 
 
-def _use_triton(*tensors: torch.Tensor) -> bool:
-    return triton is not None and all(t.is_cuda for t in tensors)
-
-
 def ssd(
     s: torch.Tensor,
     x: torch.Tensor,
@@ -200,7 +190,7 @@ def ssd(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Mamba-2 scan over a ubatch (see `ssd_ref`): a single token takes the step form;
     Triton on CUDA tensors, the reference elsewhere."""
-    if _use_triton(s, x, dt, A, B, C):
+    if use_triton(s, x, dt, A, B, C):
         return ssd_triton(s, x, dt, A, B, C, n_states)
     if x.shape[1] == 1:
         y, h = ssd_step_ref(s, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0])

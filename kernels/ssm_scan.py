@@ -14,13 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-try:  # triton is in the gpu/test extras only; the reference runs without it
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
-
-_jit = triton.jit if triton is not None else (lambda fn: fn)
+from ._triton import jit, tl, triton, use_triton
 
 _LOG_RANGE = 60.0  # the most decay (in log) one chunk spans: exp(60) ~ 1e26 stays finite in f32
 _TOKEN_LOG_RANGE = 20.0
@@ -77,7 +71,7 @@ def ssm_scan_step_ref(
     return torch.einsum("sdn,sn->sd", h, C.float()).to(x.dtype), h
 
 
-@_jit
+@jit
 def _ssm_scan_kernel(
     s_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, y_ptr, out_ptr,
     T, d_inner, d_state, n_states,
@@ -166,10 +160,6 @@ def ssm_scan_step_triton(
     return y[:, 0], h[:, 0]
 
 
-def _use_triton(*tensors: torch.Tensor) -> bool:
-    return triton is not None and all(t.is_cuda for t in tensors)
-
-
 def ssm_scan(
     s: torch.Tensor,
     x: torch.Tensor,
@@ -181,7 +171,7 @@ def ssm_scan(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The selective scan over a ubatch (see `ssm_scan_ref`): a single token takes the step
     form; Triton on CUDA tensors, the reference elsewhere."""
-    if _use_triton(s, x, dt, A, B, C):
+    if use_triton(s, x, dt, A, B, C):
         return ssm_scan_triton(s, x, dt, A, B, C, n_states)
     if x.shape[1] == 1:
         y, h = ssm_scan_step_ref(s, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0])

@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import torch
 
-try:  # triton is in the gpu/test extras only; the reference runs without it
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
-
-# With postponed annotations `tl.constexpr` is only a string, so the kernel can be defined
-# (undecorated, never launched) when triton is missing.
-_jit = triton.jit if triton is not None else (lambda fn: fn)
+from ._triton import jit, tl, triton, use_triton
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -26,7 +18,7 @@ def store_kv_ref(dst: torch.Tensor, src: torch.Tensor, idx: torch.Tensor) -> Non
     dst.index_copy_(0, idx, src.to(dst.dtype))
 
 
-@_jit
+@jit
 def _store_kv_kernel(
     dst_ptr,  # [n_rows, width]
     src_ptr,  # [n_tokens, width]
@@ -68,13 +60,9 @@ def store_kv_triton(
     _store_kv_kernel[grid](dst, src, idx, width, dst.stride(0), src.stride(0), BLOCK=block)
 
 
-def _use_triton(*tensors: torch.Tensor) -> bool:
-    return triton is not None and all(t.is_cuda for t in tensors)
-
-
 def store_kv(dst: torch.Tensor, src: torch.Tensor, idx: torch.Tensor) -> None:
     """dst[idx[i]] = src[i]: Triton on CUDA tensors, the reference elsewhere."""
-    if _use_triton(dst, src, idx):
+    if use_triton(dst, src, idx):
         store_kv_triton(dst, src, idx)
     else:
         store_kv_ref(dst, src, idx)

@@ -42,6 +42,7 @@ from kvtool.memory.base import (
     pos_range,
 )
 from kvtool.memory.recurrent_cells import RSCells
+from kvtool.memory.recurrent_states import RSStates, Snapshot
 
 if TYPE_CHECKING:
     from kvtool.batch import UBatch
@@ -104,12 +105,12 @@ class _Saved:
 
     first_pos: int  # the sequence's first position in the batch
     cells: RSCells  # bookkeeping of that sequence only matters
-    states: dict[str, dict[int, torch.Tensor]] | None  # None: it had no state
+    states: Snapshot | None  # None: it had no state
 
 
 class RecurrentMemory(PartBatches, SeqOps):
-    """Per layer `conv`/`ssm` states `[n_slot, *shape]` (and with rollback, their snapshots
-    `[n_slot, n_rs_seq, *shape]`, most recent first), and the cells saying who reads which."""
+    """`n_seq_max` state slots: the cells say which sequence reads which slot (RSCells), the
+    states hold the tensors (RSStates); this class plans the sequence operations on both."""
 
     kind = "recurrent"
     split = Split.EQUAL
@@ -128,18 +129,7 @@ class RecurrentMemory(PartBatches, SeqOps):
         self.n_rs_seq = n_rs_seq
         self.device = torch.device(device)
         self.cells = RSCells.empty(n_seq_max)
-        n, k = n_seq_max, n_rs_seq
-
-        def zeros(*shape: int) -> torch.Tensor:
-            return torch.zeros(*shape, dtype=torch.float32, device=self.device)
-
-        # tensors by name: conv, ssm, and the snapshots hconv, hssm
-        self.t: dict[str, dict[int, torch.Tensor]] = {
-            "conv": {il: zeros(n, *s.conv_shape) for il, s in self.specs.items()},
-            "ssm": {il: zeros(n, *s.ssm_shape) for il, s in self.specs.items()},
-            "hconv": {il: zeros(n, k, *s.conv_shape) for il, s in self.specs.items()},
-            "hssm": {il: zeros(n, k, *s.ssm_shape) for il, s in self.specs.items()},
-        }
+        self.states = RSStates(self.specs, n_seq_max, n_rs_seq, self.device)
         self._undo: dict[int, _Saved] | None = None
 
     @property
@@ -150,68 +140,20 @@ class RecurrentMemory(PartBatches, SeqOps):
         """Bytes of state one sequence holds (its slot and its rollback snapshots)."""
         return 4 * (1 + self.n_rs_seq) * sum(s.numel() for s in self.specs.values())
 
-    # -- slot data ------------------------------------------------------------------------------
-    def _slot_states(self, slot: int) -> dict[str, dict[int, torch.Tensor]]:
-        return {name: {il: t[slot].clone() for il, t in ts.items()} for name, ts in self.t.items()}
-
-    def _write_slot(self, slot: int, states: dict[str, dict[int, torch.Tensor]]) -> None:
-        for name, ts in self.t.items():
-            for il, t in ts.items():
-                t[slot].copy_(states[name][il])
-
-    def _zero_slot(self, slot: int) -> None:
-        for name in ("conv", "ssm"):  # snapshots are only read below n_hist, which is 0
-            for t in self.t[name].values():
-                t[slot].zero_()
-
-    def _copy_slot(self, src: int, dst: int) -> None:
-        for ts in self.t.values():
-            for t in ts.values():
-                t[dst].copy_(t[src])
-
-    def _rollback(self, slot: int, r: int) -> None:
-        """The state after r tokens fewer becomes current; older snapshots move up."""
-        for name in ("conv", "ssm"):
-            for il, cur in self.t[name].items():
-                hist = self.t["h" + name][il]
-                cur[slot].copy_(hist[slot, r - 1])
-                hist[slot] = torch.cat([hist[slot, r:], torch.zeros_like(hist[slot, :r])])
-
+    # -- slots --------------------------------------------------------------------------------
     def own_slot(self, seq: int) -> int:
         """The slot `seq` may write: a zeroed new one if it has none, a copy if it is shared."""
         cells = self.cells
         slot = int(cells.tail[seq])
         if slot < 0:
             slot = cells.free_slot()
-            self._zero_slot(slot)
+            self.states.zero(slot)
             cells.tail[seq] = slot
         elif cells.users(slot) > 1:
             new = cells.free_slot()
-            self._copy_slot(slot, new)
+            self.states.copy(slot, new)
             cells.tail[seq] = slot = new
         return slot
-
-    def store(
-        self, il: int, slots: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, n_states: int
-    ) -> None:
-        """Writes layer il's states after a ubatch into `slots` (see RSView.store)."""
-        for name, new in (("conv", conv), ("ssm", ssm)):
-            cur = self.t[name][il]
-            shape = cur.shape[1:]
-            if new.shape[1:] == shape and n_states == 1:
-                new = new.unsqueeze(1)
-            if tuple(new.shape) != (len(slots), n_states, *shape):
-                raise ValueError(
-                    f"{name} state of layer {il}: got {tuple(new.shape)}, want "
-                    f"{(len(slots), n_states, *shape)}"
-                )
-            new = new.to(torch.float32)
-            if self.n_rs_seq > 0:
-                hist = self.t["h" + name][il]
-                recent = new[:, :-1].flip(1)  # most recent first
-                cand = torch.cat([recent, cur[slots].unsqueeze(1), hist[slots]], dim=1)
-                hist[slots] = cand[:, : self.n_rs_seq]
-            cur[slots] = new[:, -1]
 
     # -- sequences ------------------------------------------------------------------------------
     def seq_pos_min(self, seq_id: int) -> int:
@@ -283,7 +225,7 @@ class RecurrentMemory(PartBatches, SeqOps):
 
     def _commit_rollback(self, seq: int, r: int) -> None:
         slot = self.own_slot(seq)
-        self._rollback(slot, r)
+        self.states.rollback(slot, r)
         self.cells.pos[seq] -= r
         self.cells.n_hist[seq] -= r
 
@@ -294,7 +236,7 @@ class RecurrentMemory(PartBatches, SeqOps):
         cells.detach(seq)
         if saved.states is not None:
             slot = cells.free_slot()
-            self._write_slot(slot, saved.states)
+            self.states.restore(slot, saved.states)
             cells.tail[seq] = slot
             cells.pos[seq] = saved.cells.pos[seq]
             cells.n_hist[seq] = saved.cells.n_hist[seq]
@@ -335,9 +277,7 @@ class RecurrentMemory(PartBatches, SeqOps):
     def _clear(self, data: bool) -> None:
         self.cells.reset()
         if data:
-            for ts in self.t.values():
-                for t in ts.values():
-                    t.zero_()
+            self.states.zero_all()
 
     def _cp(self, src: int, dst: int) -> None:
         if src == dst:
@@ -373,7 +313,7 @@ class RecurrentMemory(PartBatches, SeqOps):
         self._undo = {}
         for seq, p in first_pos.items():
             slot = int(self.cells.tail[seq])
-            self._undo[seq] = _Saved(p, self.cells.copy(), None if slot < 0 else self._slot_states(slot))
+            self._undo[seq] = _Saved(p, self.cells.copy(), None if slot < 0 else self.states.snapshot(slot))
 
     def end_batch(self) -> None:
         self._undo = None

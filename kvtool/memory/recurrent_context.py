@@ -66,6 +66,6 @@ class RecurrentContext:
         mem, slots, n_states = self.memory, self._slots, self._n_states
 
         def sink(conv: torch.Tensor, ssm: torch.Tensor) -> None:
-            mem.store(il, slots, conv, ssm, n_states)
+            mem.states.store(il, slots, conv, ssm, n_states)
 
-        return RSView(mem.t["conv"][il][slots], mem.t["ssm"][il][slots], n_states, sink)
+        return RSView(mem.states.t["conv"][il][slots], mem.states.t["ssm"][il][slots], n_states, sink)

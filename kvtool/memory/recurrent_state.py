@@ -35,7 +35,7 @@ def write_state(mem: RecurrentMemory, w: StateWriter, seq: int | None) -> None:
     w.put("seq", np.array(seqs, dtype=np.int32))
     w.put("pos", np.array([int(cells.pos[s]) for s in seqs], dtype=np.int32))
     for name in ("conv", "ssm"):
-        for il, t in mem.t[name].items():
+        for il, t in mem.states.t[name].items():
             w.put(f"{name}.{il}", t[slots].cpu())
     for s in seqs:
         w.count(s, 1)
@@ -82,7 +82,7 @@ def read_state(mem: RecurrentMemory, r: StateReader, seq: int | None) -> Commit:
             slot = mem.own_slot(s)
             for name, ts in states.items():
                 for il, t in ts.items():
-                    mem.t[name][il][slot].copy_(t[row])
+                    mem.states.t[name][il][slot].copy_(t[row])
             mem.cells.pos[s] = pos[row]
 
     return commit

@@ -88,8 +88,8 @@ class Ref:
                 slot = int(mem.cells.tail[s])
                 for il in LAYERS:
                     conv, ssm = fold(self.toks[s], il)
-                    torch.testing.assert_close(mem.t["conv"][il][slot], conv)
-                    torch.testing.assert_close(mem.t["ssm"][il][slot], ssm)
+                    torch.testing.assert_close(mem.states.t["conv"][il][slot], conv)
+                    torch.testing.assert_close(mem.states.t["ssm"][il][slot], ssm)
 
 
 def make(k: int = 0) -> RecurrentMemory:
@@ -102,7 +102,7 @@ def make(k: int = 0) -> RecurrentMemory:
 
 
 def snapshot(mem: RecurrentMemory) -> list[torch.Tensor]:
-    return [t.clone() for ts in mem.t.values() for t in ts.values()] + [
+    return [t.clone() for ts in mem.states.t.values() for t in ts.values()] + [
         torch.from_numpy(a.copy()) for a in (mem.cells.tail, mem.cells.pos, mem.cells.n_hist)
     ]
 
@@ -202,7 +202,7 @@ def test_seq_keep_and_clear() -> None:
     mem.seq_keep(1)
     assert [mem.seq_pos_max(s) for s in range(N_SEQ)] == [-1, 0, -1, -1] and mem.n_used() == 1
     mem.clear(True)
-    assert mem.n_used() == 0 and all(t.abs().sum() == 0 for ts in mem.t.values() for t in ts.values())
+    assert mem.n_used() == 0 and all(t.abs().sum() == 0 for ts in mem.states.t.values() for t in ts.values())
 
 
 @pytest.mark.parametrize("n_ubatch", [512, 2])
