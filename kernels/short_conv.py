@@ -12,13 +12,7 @@ from __future__ import annotations
 
 import torch
 
-try:  # triton is in the gpu/test extras only; the reference runs without it
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
-
-_jit = triton.jit if triton is not None else (lambda fn: fn)
+from ._triton import jit, tl, triton, use_triton
 
 
 def short_conv_ref(
@@ -40,7 +34,7 @@ def short_conv_ref(
     return y, states.transpose(2, 3)
 
 
-@_jit
+@jit
 def _short_conv_kernel(
     s_ptr, x_ptr, w_ptr, b_ptr, y_ptr, out_ptr,
     T, C, L, n_states,
@@ -126,6 +120,6 @@ def short_conv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The short convolution over a ubatch (see `short_conv_ref`): Triton on CUDA tensors, the
     reference elsewhere."""
-    if triton is not None and x.is_cuda and state.is_cuda and w.is_cuda:
+    if use_triton(state, x, w, *([] if b is None else [b])):
         return short_conv_triton(state, x, w, b, n_states)
     return short_conv_ref(state, x, w, b, n_states)

@@ -62,7 +62,7 @@ def snapshot(mem: HybridMemory) -> list[Any]:
         out += [c.pos.copy(), c.seq.copy(), c.shift.copy(), c.head, c.has_shift]
     out += [t.clone() for t in (*kv.k.values(), *kv.v.values())]
     out += [rs.cells.tail.copy(), rs.cells.pos.copy(), rs.cells.n_hist.copy()]
-    out += [t.clone() for ts in rs.t.values() for t in ts.values()]
+    out += [t.clone() for ts in rs.states.t.values() for t in ts.values()]
     return out
 
 
@@ -270,4 +270,4 @@ def snapshot_swa(mem: HybridMemory) -> list[Any]:
         out += [c.pos.copy() for c in kv.cells] + [t.clone() for t in (*kv.k.values(), *kv.v.values())]
     rs = mem.recurrent
     assert isinstance(rs, RecurrentMemory)
-    return out + [rs.cells.pos.copy()] + [t.clone() for ts in rs.t.values() for t in ts.values()]
+    return out + [rs.cells.pos.copy()] + [t.clone() for ts in rs.states.t.values() for t in ts.values()]
