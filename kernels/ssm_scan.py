@@ -43,13 +43,16 @@ def ssm_scan_ref(
     la_tok = (dts[..., None] * A.float()).clamp(min=-_TOKEN_LOG_RANGE)  # [S, T, D, N]
     ub = (dts * x.float())[..., None] * B.float()[:, :, None, :]  # [S, T, D, N]
     # Inside a chunk h[t] = exp(L[t]) * (h0 + sum_{tau <= t} exp(-L[tau]) ub[tau]), L the
-    # cumulative log decay: chunks are cut short enough that exp(-L) stays finite.
-    q = int(max(1, min(T, _LOG_RANGE // max(float(-la_tok.min()), 1e-6))))  # >= 3
+    # cumulative log decay from the chunk's start: a chunk ends before its decay could pass
+    # _LOG_RANGE (40 from the running total's steps, plus one token's 20), so exp(-L) is finite.
+    per = (-la_tok).amax(dim=(0, 2, 3))  # [T] the strongest decay of each token
+    step = torch.div(torch.cumsum(per, 0) - per, _LOG_RANGE - _TOKEN_LOG_RANGE, rounding_mode="floor")
+    cuts = (torch.nonzero(step[1:] != step[:-1]).flatten() + 1).tolist()
     h = s.float()
     hs_all = []
-    for c0 in range(0, T, q):
-        la = torch.cumsum(la_tok[:, c0 : c0 + q], dim=1)  # [S, q, D, N]
-        hs = torch.exp(la) * (h[:, None] + torch.cumsum(torch.exp(-la) * ub[:, c0 : c0 + q], dim=1))
+    for c0, c1 in zip([0, *cuts], [*cuts, T], strict=True):
+        la = torch.cumsum(la_tok[:, c0:c1], dim=1)  # [S, q, D, N]
+        hs = torch.exp(la) * (h[:, None] + torch.cumsum(torch.exp(-la) * ub[:, c0:c1], dim=1))
         hs_all.append(hs)
         h = hs[:, -1]
     hs = torch.cat(hs_all, dim=1)  # [S, T, D, N]
