@@ -99,16 +99,13 @@ def _check_layout(cache: KVCache, saved: Any) -> int:
 
 def _check_rows(pos: np.ndarray, mask: np.ndarray, n_seq: int | None) -> list[int]:
     """The sequences present; refuses bad positions, empty or out-of-range masks (n_seq: the
-    bound, None when the rows go to another sequence id anyway), duplicate positions."""
+    bound, None when the rows go to another sequence id anyway). Two cells of one sequence may
+    share a position: seq_div (self-extend), seq_add and seq_cp make such states legitimately."""
     if (pos < 0).any() or (pos > _ALL_POS).any() or (mask == 0).any():
         raise StateError("corrupted state: bad cell positions or sequence sets")
     seqs = [s for s in range(64) if (mask & seq_bit(s)).any()]
     if n_seq is not None and seqs and seqs[-1] >= n_seq:
         raise StateError(f"state holds sequence {seqs[-1]} but this context has n_seq_max = {n_seq}")
-    for s in seqs:
-        p = pos[(mask & seq_bit(s)) != 0]
-        if len(np.unique(p)) != len(p):
-            raise StateError(f"corrupted state: sequence {s} has a position twice")
     return seqs
 
 

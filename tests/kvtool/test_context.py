@@ -1,5 +1,6 @@
-"""Context.decode on a tiny random llama: batching, forks, shifts and failures must not change
-what a sequence computes (the reference is the same tokens decoded alone in a fresh context)."""
+"""Context.decode on a tiny random llama: batching, forks, cuts and failures must not change
+what a sequence computes (the reference is the same tokens decoded alone in a fresh context).
+Position shifts are tested in test_context_shift.py."""
 
 from __future__ import annotations
 
@@ -84,42 +85,6 @@ def test_rm_tail_then_new_tokens(tiny_llama) -> None:  # type: ignore[no-untyped
     torch.testing.assert_close(ctx.logits(), alone(tiny_llama, [*p[:10], 7, 8, 9])[-3:], **TOL)
 
 
-@pytest.mark.parametrize("unified", [True, False])
-def test_seq_add_rerotates_keys(tiny_llama, unified: bool) -> None:  # type: ignore[no-untyped-def]
-    """RoPE is relative: shifting a sequence by +5 then continuing equals decoding at pos0=5."""
-    (p,) = prompts(tiny_llama.n_vocab, [10], seed=4)
-    ctx = fresh(tiny_llama, unified)
-    ctx.decode(Batch.from_tokens(p))
-    ctx.memory.seq_add(0, -1, -1, 5)
-    assert ctx.memory.seq_pos_max(0) == 14
-    ctx.decode(Batch.from_tokens([42], pos0=15))
-    torch.testing.assert_close(ctx.logits()[-1], alone(tiny_llama, [*p, 42], pos0=5)[-1], **TOL)
-
-
-def test_context_shift_discard(tiny_llama) -> None:  # type: ignore[no-untyped-def]
-    """llama.cpp's context shift: drop positions [1, 5), shift the rest down by 4; the kept
-    tokens keep their K/V (so logits differ from a fresh decode) but positions are contiguous."""
-    (p,) = prompts(tiny_llama.n_vocab, [12], seed=5)
-    ctx = fresh(tiny_llama)
-    ctx.decode(Batch.from_tokens(p))
-    ctx.memory.seq_rm(0, 1, 5)
-    ctx.memory.seq_add(0, 5, -1, -4)
-    assert (ctx.memory.seq_pos_min(0), ctx.memory.seq_pos_max(0)) == (0, 7)
-    assert ctx.n_used_cells() == 8
-    ctx.decode(Batch.from_tokens([42], pos0=8))
-    assert torch.isfinite(ctx.logits()).all()
-
-
-def test_seq_div_positions(tiny_llama) -> None:  # type: ignore[no-untyped-def]
-    (p,) = prompts(tiny_llama.n_vocab, [8], seed=6)
-    ctx = fresh(tiny_llama)
-    ctx.decode(Batch.from_tokens(p))
-    ctx.memory.seq_div(0, 4, -1, 2)  # positions 4..7 -> 2, 2, 3, 3
-    assert ctx.memory.seq_pos_max(0) == 3
-    ctx.decode(Batch.from_tokens([5], pos0=4))
-    assert torch.isfinite(ctx.logits()).all()
-
-
 def test_full_cache_fails_without_side_effects(tiny_llama) -> None:  # type: ignore[no-untyped-def]
     ctx = Context(tiny_llama, ContextParams(n_ctx=256, n_seq_max=1, kv_unified=True))
     ctx.decode(Batch.from_tokens(list(range(3, 203))))
@@ -128,7 +93,8 @@ def test_full_cache_fails_without_side_effects(tiny_llama) -> None:  # type: ign
         ctx.decode(Batch.from_tokens(list(range(3, 103)), pos0=200))
     assert e.value.status == 1
     assert (ctx.memory.seq_pos_max(0), ctx.n_used_cells()) == before
-    ctx.decode(Batch.from_tokens([5], pos0=200))  # still usable
+    ctx.decode(Batch.from_tokens([5], pos0=200))  # still usable, and computes what it would have
+    torch.testing.assert_close(ctx.logits()[-1], alone(tiny_llama, [*range(3, 203), 5])[-1], **TOL)
 
 
 def test_invalid_batch_leaves_memory(tiny_llama) -> None:  # type: ignore[no-untyped-def]
@@ -150,6 +116,9 @@ def test_interrupted_decode_rolls_back(tiny_llama, monkeypatch) -> None:  # type
     with pytest.raises(KeyboardInterrupt):
         ctx.decode(Batch.from_tokens([8, 9], pos0=3))
     assert ctx.memory.seq_pos_max(0) == 2
+    monkeypatch.undo()
+    ctx.decode(Batch.from_tokens([10, 11], pos0=3, logits="all"))  # no trace of the lost batch
+    torch.testing.assert_close(ctx.logits(), alone(tiny_llama, [5, 6, 7, 10, 11])[-2:], **TOL)
 
 
 def test_n_ctx_per_stream(tiny_llama) -> None:  # type: ignore[no-untyped-def]

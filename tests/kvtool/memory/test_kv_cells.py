@@ -1,4 +1,4 @@
-"""KVCells and KVCache seq ops against a plain-Python model of the cells (llama.cpp's semantics)."""
+"""KVCells and KVCache seq ops against a plain-Python model of the cells (tests/helpers/ref_memory.py)."""
 
 from __future__ import annotations
 
@@ -6,127 +6,104 @@ import random
 
 import numpy as np
 import pytest
+import torch
 
+from kvtool.errors import KvtoolError
 from kvtool.memory.kv_cache import KVCache, KVCacheParams, KVLayerSpec
 from kvtool.memory.kv_cells import KVCells, SWAParams, seq_bit
+from tests.helpers.ref_memory import RefMemory, Tok
 
 INF = 2**31 - 1
 
 
-def _no_rope(il, k, delta):  # type: ignore[no-untyped-def]
-    return k  # the cell tests move positions; K rows are not looked at
+def seqs_of(mask: int) -> set[int]:
+    return {s for s in range(64) if mask >> s & 1}
 
 
-class RefCells:
-    """One dict per cell: {"pos": int, "seqs": set}, or None when empty."""
-
-    def __init__(self, n: int) -> None:
-        self.c: list[dict | None] = [None] * n
-
-    def place(self, i: int, pos: int, seqs: set[int]) -> None:
-        self.c[i] = {"pos": pos, "seqs": set(seqs)}
-
-    def _range(self, p0: int, p1: int) -> tuple[int, int]:
-        return (0 if p0 < 0 else p0, INF if p1 < 0 else p1)
-
-    def seq_rm(self, s: int, p0: int, p1: int) -> None:
-        lo, hi = self._range(p0, p1)
-        for i, c in enumerate(self.c):
-            if c and lo <= c["pos"] < hi:
-                if s < 0:
-                    self.c[i] = None
-                elif s in c["seqs"]:
-                    c["seqs"].discard(s)
-                    if not c["seqs"]:
-                        self.c[i] = None
-
-    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
-        lo, hi = self._range(p0, p1)
-        for c in self.c:
-            if c and src in c["seqs"] and lo <= c["pos"] < hi:
-                c["seqs"].add(dst)
-
-    def seq_keep(self, s: int) -> None:
-        for i, c in enumerate(self.c):
-            if c:
-                if s in c["seqs"]:
-                    c["seqs"] = {s}
-                else:
-                    self.c[i] = None
-
-    def seq_add(self, s: int, p0: int, p1: int, d: int) -> None:
-        lo, hi = self._range(p0, p1)
-        if lo == hi:
-            return
-        for i, c in enumerate(self.c):
-            if c and s in c["seqs"] and lo <= c["pos"] < hi:
-                c["pos"] += d
-                if c["pos"] < 0:
-                    self.c[i] = None
-
-    def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
-        lo, hi = self._range(p0, p1)
-        if lo == hi:
-            return
-        for c in self.c:
-            if c and s in c["seqs"] and lo <= c["pos"] < hi:
-                c["pos"] //= d
-
-    def pos_min(self, s: int) -> int:
-        ps = [c["pos"] for c in self.c if c and s in c["seqs"]]
-        return min(ps) if ps else -1
-
-    def pos_max(self, s: int) -> int:
-        ps = [c["pos"] for c in self.c if c and s in c["seqs"]]
-        return max(ps) if ps else -1
+Row = tuple[int, int, tuple[int, ...], int]  # tag, pos, seqs, rotated
 
 
-def snapshot(cells: KVCells) -> list[tuple[int, set[int]] | None]:
-    out: list[tuple[int, set[int]] | None] = []
-    for i in range(cells.size):
-        if cells.pos[i] < 0:
-            out.append(None)
-        else:
-            out.append((int(cells.pos[i]), {s for s in range(64) if int(cells.seq[i]) >> s & 1}))
+def observed(cache: KVCache, stream: int) -> dict[int, Row]:
+    """Per used cell of the stream: its row. The test writes (tag, position) into a token's K row
+    and the fake RoPE moves that position, so K tells which token it is and where it is rotated
+    for; the cell's pending shift must bring that to the cell's position."""
+    cells, k = cache.cells[stream], cache.k[0][stream]  # k: [n_cells, 1, 2]
+    out = {}
+    for i in np.flatnonzero(cells.pos >= 0).tolist():
+        tag, rot, pos = int(k[i, 0, 0]), int(k[i, 0, 1]), int(cells.pos[i])
+        assert pos - rot == int(cells.shift[i]), "the pending shift must move K to the cell's position"
+        out[i] = (tag, pos, tuple(sorted(seqs_of(int(cells.seq[i])))), rot)
     return out
 
 
-def ref_snapshot(ref: RefCells) -> list[tuple[int, set[int]] | None]:
-    return [None if c is None else (c["pos"], set(c["seqs"])) for c in ref.c]
+def check_stream(cache: KVCache, ref: RefMemory, stream: int, where: str) -> None:
+    """The same tokens; those whose cell the semantics fix sit in that cell."""
+    got = observed(cache, stream)
+    want = [(t.cell, (t.tag, t.pos, tuple(sorted(t.seqs)), t.rotated)) for t in ref.streams[stream]]
+    assert sorted(got.values()) == sorted(row for _, row in want), where
+    assert all(got.get(cell) == row for cell, row in want if cell is not None), where
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_seq_ops_match_plain_python_model(seed: int) -> None:
+def fake_rope(il: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """Stands in for RoPE in the shift: moves the position stored in the K row by delta."""
+    out = k.clone()
+    out[:, :, 1] += delta.to(k.dtype)[:, None]
+    return out
+
+
+OPS = ["place"] * 5 + ["rm"] * 3 + ["cp"] * 3 + ["keep"] * 3 + ["add"] * 3 + ["div"] * 2 + ["update"] * 2
+
+
+@pytest.mark.parametrize("unified", [True, False])
+@pytest.mark.parametrize("seed", range(50))
+def test_seq_ops_match_plain_python_model(seed: int, unified: bool) -> None:
+    """Random mixes of decodes (cells placed), seq ops and shift updates, in one shared stream or
+    one stream per sequence: cell contents, K rows and positions follow the plain-Python model."""
     rng = random.Random(seed)
-    n, n_seq = 48, 4
+    n, n_seq = (48, 4) if unified else (10, 4)  # small streams: copies can run out of room
     cache = KVCache(
-        {0: KVLayerSpec(1, 4, 4)}, KVCacheParams(n_cells=n, n_seq_max=n_seq, unified=True), _no_rope
+        {0: KVLayerSpec(1, 2, 2)}, KVCacheParams(n_cells=n, n_seq_max=n_seq, unified=unified), fake_rope
     )
-    cells = cache.cells[0]
-    ref = RefCells(n)
-    # fill: each sequence gets consecutive positions in random free cells, some cells shared
-    free = list(range(n))
-    rng.shuffle(free)
+    ref = RefMemory(n, n_seq, unified)
+    tag = 0
+
+    def place(s: int) -> None:
+        nonlocal tag
+        stream = cache.stream_of(s)
+        free = np.flatnonzero(cache.cells[stream].pos < 0).tolist()
+        if not free:
+            return
+        i = rng.choice(free)
+        seqs = {s} | ({rng.randrange(n_seq)} if unified and rng.random() < 0.2 else set())
+        pos = max([-1, *(p for q in seqs for p in ref.positions(q))]) + 1
+        tag += 1
+        cache.cells[stream].apply(
+            np.array([i]), np.array([pos]), np.array([sum(1 << q for q in seqs)], dtype=np.uint64)
+        )
+        cache.k[0][stream, i, 0] = torch.tensor([tag, pos], dtype=torch.float32)
+        ref.place(s, Tok(pos, pos, seqs, tag, i))
+
     for s in range(n_seq):
-        for p in range(rng.randint(3, 9)):
-            i = free.pop()
-            seqs = {s} | ({rng.randrange(n_seq)} if rng.random() < 0.2 else set())
-            cells.apply(np.array([i]), np.array([p]), np.array([sum(1 << x for x in seqs)], dtype=np.uint64))
-            ref.place(i, p, seqs)
-    for _ in range(40):
-        op = rng.choice(["rm", "cp", "keep", "add", "div"])
+        for _ in range(rng.randint(3, 9)):
+            place(s)
+    for step in range(60):
+        op = rng.choice(OPS)
         s = rng.randrange(-1 if op == "rm" else 0, n_seq)
         p0 = rng.choice([-1, rng.randrange(0, 10)])
         p1 = rng.choice([-1, rng.randrange(0, 12)])
-        if op == "rm":
+        if op == "place":
+            place(s)
+        elif op == "rm":
             assert cache.seq_rm(s, p0, p1) is True
             ref.seq_rm(s, p0, p1)
         elif op == "cp":
             d = rng.randrange(n_seq)
-            cache.seq_cp(s, d, p0, p1)
-            if s != d:
-                ref.seq_cp(s, d, p0, p1)
-        elif op == "keep" and rng.random() < 0.2:
+            if ref.seq_cp(s, d, p0, p1):
+                cache.seq_cp(s, d, p0, p1)
+            else:
+                with pytest.raises(KvtoolError, match="no room"):
+                    cache.seq_cp(s, d, p0, p1)
+        elif op == "keep":
             cache.seq_keep(s)
             ref.seq_keep(s)
         elif op == "add":
@@ -137,10 +114,19 @@ def test_seq_ops_match_plain_python_model(seed: int) -> None:
             d = rng.randint(1, 3)
             cache.seq_div(s, p0, p1, d)
             ref.seq_div(s, p0, p1, d)
-        assert snapshot(cells) == ref_snapshot(ref), op
+        elif op == "update":
+            upd = cache.init_update()
+            upd.apply()
+            ref.update()
+        where = f"step {step}: {op}({s}, {p0}, {p1})"
+        for st in range(cache.n_stream):
+            check_stream(cache, ref, st, where)
         for q in range(n_seq):
-            assert cache.seq_pos_min(q) == ref.pos_min(q)
-            assert cache.seq_pos_max(q) == ref.pos_max(q)
+            ps = ref.positions(q)
+            assert (cache.seq_pos_min(q), cache.seq_pos_max(q)) == (
+                min(ps, default=-1),
+                max(ps, default=-1),
+            ), where
 
 
 def test_pending_shift_accumulates() -> None:
@@ -190,3 +176,18 @@ def test_cross_stream_copy_copies_rows() -> None:
     cache.seq_cp(0, 1, 2, 3)
     assert cache.seq_pos_max(1) == 2
     assert cache.cells[1].n_used() == 3
+
+
+def test_cross_stream_copy_without_room_changes_nothing() -> None:
+    cache = KVCache({0: KVLayerSpec(1, 2, 2)}, KVCacheParams(n_cells=4, n_seq_max=2, unified=False), None)
+    for s in (0, 1):
+        cache.cells[s].apply(np.arange(3), np.arange(3), np.full(3, seq_bit(s)))
+        cache.k[0][s, :3] = s + 1.0
+    before = [(c.pos.copy(), c.seq.copy()) for c in cache.cells], cache.k[0].clone()
+    with pytest.raises(KvtoolError, match="no room"):
+        cache.seq_cp(0, 1, 0, 2)  # two cells wanted, one free
+    assert all(
+        np.array_equal(c.pos, p) and np.array_equal(c.seq, q)
+        for c, (p, q) in zip(cache.cells, before[0], strict=True)
+    )
+    assert torch.equal(cache.k[0], before[1])

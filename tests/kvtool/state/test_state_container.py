@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 
@@ -11,9 +12,14 @@ import safetensors.torch
 import torch
 
 from kvtool.errors import StateError
-from kvtool.state.container import VERSION, canonical, read_container, write_container
+from kvtool.state.container import VERSION, read_container, write_container
 
 STATE = {"format": "kvtool.state", "version": VERSION, "note": "é ✓"}
+
+
+def spec_json(obj: object) -> str:
+    """Canonical JSON as docs/state-format.md defines it (independent of the implementation)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
 def tensors() -> dict[str, object]:
@@ -45,11 +51,23 @@ def test_layout_is_safetensors_with_aligned_canonical_header() -> None:
     assert n % 8 == 0
     raw = data[8 : 8 + n].rstrip(b" ")
     head = json.loads(raw)
-    assert canonical(head).encode() == raw
-    assert json.loads(head["__metadata__"]["kvtool.state"]) == STATE
+    assert spec_json(head).encode() == raw
+    meta = head.pop("__metadata__")
+    assert spec_json(json.loads(meta["kvtool.state"])) == meta["kvtool.state"]
+    assert json.loads(meta["kvtool.state"]) == STATE
+    # data order: wider elements first, then by name; back to back from 0 to the end of the file
     size = {"F32": 4, "F16": 2, "BF16": 2, "I32": 4, "I64": 8, "U64": 8, "U8": 1}
-    for e in (e for k, e in head.items() if k != "__metadata__"):  # each tensor starts aligned
-        assert e["data_offsets"][0] % size[e["dtype"]] == 0
+    order = sorted(head, key=lambda k: (-size[head[k]["dtype"]], k))
+    assert [k for k, _ in sorted(head.items(), key=lambda kv: kv[1]["data_offsets"])] == order
+    end = 0
+    for k in order:
+        e = head[k]
+        assert e["data_offsets"] == [end, end + size[e["dtype"]] * int(np.prod(e["shape"]))], k
+        end = e["data_offsets"][1]
+    assert 8 + n + end == len(data)
+    # checksum: SHA-256 of the unpadded canonical header with an empty checksum, then the data
+    blank = spec_json({**head, "__metadata__": {**meta, "kvtool.checksum": ""}}).encode()
+    assert meta["kvtool.checksum"] == hashlib.sha256(blank + data[8 + n :]).hexdigest()
     loaded = safetensors.torch.load(data)  # the reference reader accepts it
     for name, t in tensors().items():
         want = t if isinstance(t, torch.Tensor) else torch.from_numpy(t)

@@ -95,6 +95,23 @@ def test_pending_shift_survives(tiny_llama, ctx_of, tokens) -> None:  # type: ig
     torch.testing.assert_close(next_logits(dst, 1), want, **TOL)
 
 
+@pytest.mark.parametrize("unified", [True, False])
+def test_sequence_with_two_tokens_at_one_position_round_trips(tiny_llama, ctx_of, tokens, unified) -> None:  # type: ignore[no-untyped-def]
+    """Self-extend's seq_div leaves two cells of a sequence at each divided position (llama.cpp
+    saves and restores such a sequence): a state kvtool wrote, it must read back."""
+    src = ctx_of(tiny_llama, unified)
+    kvtool.decode_tokens(src, tokens(tiny_llama, 12), 0, 0)
+    src.memory.seq_div(0, 4, -1, 2)  # positions 4..11 -> 2, 2, 3, 3, 4, 4, 5, 5
+    seq_state, ctx_state = src.state_seq_get_data(0), src.state_get_data()
+    want = next_logits(src, 0)
+    for load in (lambda c: c.state_seq_set_data(seq_state, 1), lambda c: c.state_set_data(ctx_state)):
+        dst = ctx_of(tiny_llama, not unified)
+        load(dst)
+        s = 1 if dst.memory.seq_pos_max(1) >= 0 else 0
+        assert (dst.memory.seq_pos_min(s), dst.memory.seq_pos_max(s), dst.n_used_cells()) == (0, 5, 12)
+        torch.testing.assert_close(next_logits(dst, s), want, **TOL)
+
+
 def test_loading_replaces_the_destination(tiny_llama, ctx_of, tokens) -> None:  # type: ignore[no-untyped-def]
     src = ctx_of(tiny_llama, False)
     empty = src.state_seq_get_data(2)
@@ -118,8 +135,8 @@ def test_window_cache_sequence_state_keeps_what_the_window_sees(tiny_gemma3, ctx
     src = ctx_of(tiny_gemma3, True)
     kvtool.decode_tokens(src, tokens(tiny_gemma3, 20), 0, 0)
     info = inspect(src.state_seq_get_data(0))
-    n_swa = info.memory["parts"]["swa"]["swa"]["n_swa"]
-    assert info.memory["parts"]["swa"]["n_rows"] == n_swa  # positions 20 - n_swa .. 19
+    assert info.memory["parts"]["swa"]["swa"]["n_swa"] == 8  # the oracle's tiny gemma3 (README section 3)
+    assert info.memory["parts"]["swa"]["n_rows"] == 8  # positions 12..19: what a query at 20 sees
     assert info.memory["parts"]["base"]["n_rows"] == 20
     assert inspect(src.state_get_data()).memory["parts"]["swa"]["n_rows"] == 20  # context: every cell
 

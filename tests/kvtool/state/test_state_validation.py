@@ -125,13 +125,12 @@ def test_consistent_checksum_but_bad_content(live, refused) -> None:  # type: ig
     data = live.state_get_data()
     k0 = next(n for n in read_container(data)[1] if ".k." in n)
 
-    def dup(s: dict, t: dict) -> None:  # type: ignore[type-arg]
-        prefix = k0.split("k.")[0]
-        t[f"{prefix}pos"][1] = t[f"{prefix}pos"][0]
+    def negative(s: dict, t: dict) -> None:  # type: ignore[type-arg]
+        t[f"{k0.split('k.')[0]}pos"][1] = -3
 
     cases = [
         (lambda s, t: t.pop(k0), "missing"),
-        (dup, "position twice"),
+        (negative, "bad cell positions"),  # two cells at one position are legal (seq_div)
         (lambda s, t: s["memory"].update(kind="recurrent"), "'recurrent' memory"),
         (lambda s, t: s.update(n_outputs=5), "bad logits"),
         (lambda s, t: t.update(extra=np.zeros(2, dtype=np.int32)), "unexpected tensors"),
