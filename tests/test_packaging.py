@@ -42,8 +42,9 @@ def test_wheel_installs_and_runs(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "run" in r.stdout and "models" in r.stdout
     probe = (
-        "import kvtool, kvtool.commands.run, kvtool.kernels.attention, kvtool.memory.kv_cache, "
-        "kvtool.models.llama; print(kvtool.__file__)"
+        "import kvtool, kvtool.commands.run.chat, kvtool.commands.bench.logic, kvtool.commands.common, "
+        "kvtool.commands.parallel.http, kvtool.commands.batched_bench.logic, kvtool.commands.state, "
+        "kvtool.kernels.attention, kvtool.memory.kv_cache, kvtool.models.llama; print(kvtool.__file__)"
     )
     r = subprocess.run([py, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -18,6 +18,8 @@ from kvtool.models.lfm2 import Lfm2Model
 from kvtool.models.llama import LlamaModel
 from kvtool.models.mamba import MambaModel
 from kvtool.models.mamba2 import Mamba2Model
+from kvtool.models.rwkv6 import RWKV6Model
+from kvtool.models.rwkv7 import RWKV7Model
 
 
 class Architecture(Protocol):
@@ -32,6 +34,8 @@ ARCHITECTURES: dict[str, Callable[[GGUFFile, HParams], Architecture]] = {
     "gemma3": Gemma3Model,
     "mamba": MambaModel,
     "mamba2": Mamba2Model,
+    "rwkv6": RWKV6Model,
+    "rwkv7": RWKV7Model,
     "granitehybrid": GraniteHybridModel,
     "lfm2": Lfm2Model,
 }

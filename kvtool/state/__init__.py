@@ -13,9 +13,10 @@ from kvtool.state.header import SeqInfo, StateInfo
 from kvtool.state.store import ConversationRecord, ConversationStore
 
 
-def inspect_state(path: str | Path) -> StateInfo:
-    """Reads and verifies a state file (format, version, checksum) without loading a model."""
-    return inspect(read_file(path))
+def inspect_state(source: str | Path | bytes) -> StateInfo:
+    """Reads and verifies a state (format, version, checksum) without loading a model: a state
+    file's path, or the bytes of a state (from `Context.state_get_data`, a store...)."""
+    return inspect(source if isinstance(source, bytes) else read_file(source))
 
 
 __all__ = [

@@ -180,14 +180,3 @@ def test_split_mode_rejects_a_token_shared_by_sequences(tiny_llama) -> None:  # 
     uni = Context(tiny_llama, ContextParams(n_ctx=512, n_seq_max=2, kv_unified=True))
     uni.decode(b)
     assert uni.memory.seq_pos_max(1) == 0
-
-
-def test_chat_session_recovers_when_memory_holds_more_than_it_knows(tiny_llama) -> None:  # type: ignore[no-untyped-def]
-    """A prompt decode that failed part-way leaves cells the session never recorded; the next
-    turn must cut them, not trip over llama.cpp's Y = X + 1 rule."""
-    ctx = fresh(tiny_llama, n_seq_max=1)
-    chat = kvtool.ChatSession(ctx, kvtool.Sampler(kvtool.SamplerParams(temp=0.0)), use_template=False)
-    ctx.decode(Batch.from_tokens([5, 6, 7, 8]))  # cells the session does not know about
-    _, gen = chat.respond("hello", n_predict=3)
-    assert len(gen.tokens) == 3
-    assert ctx.memory.seq_pos_max(0) + 1 == len(chat.cached)

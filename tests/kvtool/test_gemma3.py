@@ -262,19 +262,16 @@ def test_real_gemma3_270m_past_its_window() -> None:
 
 def test_going_back_past_the_window_restarts_the_sequence(gemma: kvtool.Model) -> None:
     """After the window cache reused cells, resuming far back cannot be done from the memory;
-    ChatSession then decodes from the start and gets the same logits as a fresh context."""
+    resume_seq then decodes from the start and gets the same logits as a fresh context."""
     ids = [(i * 7) % 200 + 3 for i in range(300)]
     ctx = Context(gemma, ContextParams(n_ctx=512, n_ubatch=8, kv_unified=True))
     ctx.decode(Batch.from_tokens(ids))
     assert ctx.memory.seq_pos_min(0) > 0  # the window cache forgot the oldest positions
     assert ctx.can_resume(0, 300) and ctx.can_resume(0, 299)
     assert not ctx.can_resume(0, 20)
-    chat = kvtool.ChatSession(ctx, kvtool.Sampler(kvtool.SamplerParams(temp=0.0)), use_template=False)
-    chat.cached = list(ids)
     edited = [*ids[:20], 5, 6, 7]
-    new = chat._sync(edited)
-    assert new == edited and ctx.memory.seq_pos_max(0) == -1
-    ctx.decode(Batch.from_tokens(new))
+    kept, logits = kvtool.resume_seq(ctx, 0, edited, ids)
+    assert kept == 0 and ctx.memory.seq_pos_max(0) == len(edited) - 1
     fresh = Context(gemma, ContextParams(n_ctx=512, n_ubatch=8, kv_unified=True))
     fresh.decode(Batch.from_tokens(edited))
-    torch.testing.assert_close(ctx.logits_ith(-1), fresh.logits_ith(-1), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logits, fresh.logits_ith(-1), rtol=1e-4, atol=1e-4)

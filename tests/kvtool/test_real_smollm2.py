@@ -61,16 +61,3 @@ def test_teacher_forced_agreement(smollm2: kvtool.Model) -> None:
     assert agree[sure].all()
     assert agree.mean() >= 0.95
     assert d_top1 <= 0.35
-
-
-def test_one_shot_chat_answers(smollm2: kvtool.Model) -> None:
-    ctx = ctx_for(smollm2)
-    sampler = kvtool.Sampler(kvtool.SamplerParams(temp=0.0))
-    chat = kvtool.ChatSession(ctx, sampler)
-    text, _ = chat.respond("What is the capital of France?", n_predict=24)
-    assert "Paris" in text
-    # a second turn decodes only its new tokens: the first turn stays in the memory
-    n_before = len(chat.cached)
-    text2, _ = chat.respond("And of Italy?", n_predict=24)
-    assert chat.cached[:n_before] == chat.prompt_tokens()[:n_before]
-    assert "Rome" in text2

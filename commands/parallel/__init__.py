@@ -1,0 +1,205 @@
+"""`kvtool parallel`: llama-parallel. Simulates -np clients sending -ns requests to a server,
+served here by one context with continuous batching, or by a remote OpenAI-compatible
+endpoint (--server URL)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, TypeAlias
+
+import typer
+from rich import box
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+import kvtool
+from kvtool.commands import app, common
+from kvtool.commands.parallel.http import HttpParallelSim
+from kvtool.commands.parallel.prompts import QUESTIONS, read_prompts
+from kvtool.commands.parallel.sim import Client, ParallelParams, ParallelSim, ParallelSummary, RequestRecord
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
+
+Sim: TypeAlias = ParallelSim | HttpParallelSim
+
+
+def _view(sim: Sim, total: int) -> Group:
+    """The live view: progress, speed and what each client is doing."""
+    el = max(sim.now(), 1e-9)
+    head = Text(
+        f"requests {len(sim.records)}/{total}   {sim.n_tokens / el:.1f} t/s   "
+        f"cache misses {sim.n_cache_miss}   {el:.1f} s",
+        style="bold",
+    )
+    table = Table(box=box.SIMPLE, pad_edge=False)
+    for col in ("client", "request", "phase", "tokens"):
+        table.add_column(col, justify="right" if col != "phase" else "left")
+    for st in sim.status():
+        idle = st.seq < 0
+        table.add_row(
+            str(st.client), "-" if idle else str(st.seq), st.phase, "-" if idle else str(st.n_decoded)
+        )
+    return Group(head, table)
+
+
+def _started(c: Client) -> None:
+    line = (
+        f"Client {c.id:3d}, seq {c.seq:4d}, junk = {c.n_junk:4d}, prompt = {c.n_prompt}, started decoding ..."
+    )
+    out.print(Text(line, style="red"))
+
+
+def _missed(n_batch: int) -> None:
+    err.print(
+        f"[yellow]parallel: no KV cells for the batch, retrying with n_batch = {n_batch}[/]", soft_wrap=True
+    )
+
+
+def _finished(r: RequestRecord, n_seq: int) -> None:
+    line = (
+        f"Client {r.client:3d}, seq {r.seq:3d}/{n_seq:3d}, prompt {r.n_prompt:4d} t, "
+        f"response {r.n_decoded:4d} t, "
+        f"time {r.time:5.2f} s, speed {r.speed:5.2f} t/s, cache miss {r.cache_miss} "
+    )
+    if r.ttft is not None:
+        line += f"(first token after {r.ttft:.2f} s) "
+    out.print(Text(line, style="red" if r.stop != "error" else "bold red"))
+    out.print()
+    out.print(Text(f"Input:    {r.input}"))
+    out.print(Text(f"{'Error' if r.stop == 'error' else 'Response'}: {r.response}", style="magenta"))
+    out.print()
+
+
+def _summary(s: ParallelSummary, prompt_file: str, where: str, n_failed: int) -> None:
+    out.print()
+    out.print(Text(f"run parameters as of {time.strftime('%Y-%m-%d %H:%M:%S')}", style="magenta"))
+    out.print()
+    out.print(
+        f"parallel: n_parallel = {s.n_clients}, n_sequences = {s.n_sequences}, "
+        f"cont_batching = {int(s.cont_batching)}, "
+        f"system tokens = {s.n_system_tokens if s.n_system_tokens >= 0 else 'n/a'}"
+    )
+    out.print(Text(f"External prompt file: {prompt_file}"))
+    out.print(Text(f"Model and path used:  {where}"))
+    out.print()
+    out.print(f"Total prompt tokens: {s.n_prompt:6d}, speed: {s.speed(s.n_prompt):5.2f} t/s")
+    out.print(f"Total gen tokens:    {s.n_gen:6d}, speed: {s.speed(s.n_gen):5.2f} t/s")
+    out.print(f"Total speed (AVG):   {'':6s}  speed: {s.speed(s.n_prompt + s.n_gen):5.2f} t/s")
+    out.print(f"Cache misses:        {s.n_cache_miss:6d}")
+    if n_failed:
+        out.print(Text(f"Failed requests:     {n_failed:6d}", style="bold red"))
+
+
+@app.command("parallel")
+def parallel(
+    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
+    n_parallel: Annotated[int, typer.Option("-np", "--parallel", help="Simultaneous clients.")] = 1,
+    n_sequences: Annotated[int, typer.Option("-ns", "--sequences", help="Requests in total.")] = 1,
+    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Max tokens per answer.")] = 128,
+    ctx_size: common.CtxOpt = 4096,
+    batch_size: common.BatchOpt = 2048,
+    ubatch_size: common.UBatchOpt = 512,
+    threads: common.ThreadsOpt = None,
+    cont_batching: Annotated[
+        bool,
+        typer.Option(
+            "--cont-batching/--no-cont-batching",
+            "-cb/-nocb",
+            help="A client takes its next request inside the running batch (else: waves).",
+        ),
+    ] = True,
+    swa_full: common.SwaFullOpt = False,
+    kv_unified: common.KvUnifiedOpt = False,
+    type_k: common.TypeKOpt = "f32",
+    type_v: common.TypeVOpt = "f32",
+    pps: Annotated[
+        bool, typer.Option("-pps", help="Decode the system prompt once and seq_cp it to every client.")
+    ] = False,
+    junk: Annotated[int, typer.Option("-j", "--junk", help="Up to N-1 filler turns per prompt.")] = 1,
+    file: Annotated[Path | None, typer.Option("-f", "--file", help="Questions, one per line.")] = None,
+    seed: Annotated[int, typer.Option("-s", "--seed", help="Sampler seed (<0: random per client).")] = -1,
+    temp: Annotated[float, typer.Option("--temp", help="Temperature (<= 0: greedy).")] = 0.8,
+    server: Annotated[
+        str | None, typer.Option("--server", help="Send the requests to this OpenAI-compatible URL.")
+    ] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per server request.")] = 600.0,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="No live view on stderr.")] = False,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the summary and every request here.")
+    ] = None,
+) -> None:
+    """Simulate clients sending requests to a server (llama-parallel)."""
+    if n_parallel < 1 or n_sequences < 0:
+        raise typer.BadParameter("need -np >= 1 and -ns >= 0")
+    prompts = list(QUESTIONS)
+    if file is not None:
+        try:
+            prompts = read_prompts(file.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise typer.BadParameter(str(e), param_hint="-f") from e
+        if not prompts:
+            raise typer.BadParameter(f"{file} holds no questions", param_hint="-f")
+        out.print(Text(f"questions from {file}:", style="green"))
+        for i, q in enumerate(prompts, 1):
+            out.print(Text(f"{i:3d} prompt: {q}"))
+    sp = kvtool.SamplerParams(seed=seed, temp=temp)
+    params = ParallelParams(
+        n_parallel, n_sequences, n_predict, cont_batching, pps, junk, prompts=prompts, sampler=sp
+    )
+    sim: Sim
+    if server is not None:
+        sim = HttpParallelSim(server, params, model=model, timeout=timeout)
+        where = f"{server} (model '{model}')"
+        out.print(f"parallel: simulating {n_parallel} clients against {server}")
+    else:
+        kvtool.set_n_threads(threads)
+        m = common.load_model_with_status(model, err)
+        # sequence 0 holds the system prompt; the geometry (n_ctx_seq) is printed below
+        n_seq_max = n_parallel + 1
+        cp = common.context_params(
+            ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v
+        )
+        ctx = common.make_context(m, cp, None)
+        sim = ParallelSim(ctx, params)
+        where = str(m.path)
+        out.print("parallel: simulating parallel requests from clients:")
+        out.print(
+            f"parallel: n_parallel = {n_parallel}, n_sequences = {n_sequences}, "
+            f"cont_batching = {int(cont_batching)}, system tokens = {len(sim.system_tokens)}, "
+            f"kv_unified = {int(kv_unified)}, n_ctx = {ctx.n_ctx}, n_ctx_seq = {ctx.n_ctx_seq}"
+        )
+        if pps:
+            out.print("parallel: evaluating the system prompt once (seq 0), copied to each client")
+    out.print()
+    live = not no_progress and err.is_terminal
+    with (
+        Live(
+            get_renderable=lambda: _view(sim, n_sequences),
+            console=err,
+            refresh_per_second=4,
+            transient=True,
+            redirect_stdout=sys.stdout.isatty(),
+            redirect_stderr=False,
+        )
+        if live
+        else contextlib.nullcontext()
+    ):
+        if isinstance(sim, ParallelSim):
+            summary = sim.run(_started, lambda r: _finished(r, n_sequences), _missed)
+        else:
+            summary = sim.run(on_finish=lambda r: _finished(r, n_sequences))
+    failed = [r for r in summary.records if r.stop == "error"]
+    _summary(summary, str(file) if file else "used built-in defaults", where, len(failed))
+    if json_out is not None:
+        doc = {"mode": "server" if server else "local", "model": where, "kv_unified": kv_unified}
+        doc |= {"shared_system": pps, "n_predict": n_predict, **summary.to_dict()}
+        json_out.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    if failed:
+        raise typer.Exit(1)

@@ -1,0 +1,252 @@
+"""`kvtool run`: chat in the terminal, or one-shot completion with -p (llama-cli / llama-run)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+import kvtool
+from kvtool.commands import app, common
+from kvtool.commands.common.generate import Generation
+from kvtool.commands.run.chat import ChatSession
+from kvtool.commands.run.pool import ConversationPool
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@app.command("run")
+def run(
+    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
+    prompt: Annotated[
+        str | None, typer.Option("-p", "--prompt", help="One-shot: complete this and exit.")
+    ] = None,
+    n_predict: Annotated[
+        int, typer.Option("-n", "--n-predict", help="Tokens to generate (-1: until end).")
+    ] = -1,
+    ctx_size: common.CtxOpt = 4096,
+    batch_size: common.BatchOpt = 2048,
+    ubatch_size: common.UBatchOpt = 512,
+    threads: common.ThreadsOpt = None,
+    temp: Annotated[float, typer.Option("--temp", help="Temperature (<= 0: greedy).")] = 0.8,
+    top_k: Annotated[int, typer.Option("--top-k", help="Top-k (<= 0: off).")] = 40,
+    top_p: Annotated[float, typer.Option("--top-p", help="Top-p (1.0: off).")] = 0.95,
+    min_p: Annotated[float, typer.Option("--min-p", help="Min-p (0.0: off).")] = 0.05,
+    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty", help="1.0: off.")] = 1.0,
+    repeat_last_n: Annotated[int, typer.Option("--repeat-last-n", help="Tokens the penalty looks at.")] = 64,
+    seed: Annotated[int, typer.Option("-s", "--seed", help="RNG seed (-1: random).")] = -1,
+    system: Annotated[str | None, typer.Option("-sys", "--system", help="System message.")] = None,
+    no_chat: Annotated[bool, typer.Option("--no-chat", help="Raw completion, no chat template.")] = False,
+    ignore_eos: Annotated[
+        bool, typer.Option("--ignore-eos", help="Never stop at end-of-generation tokens.")
+    ] = False,
+    jinja: Annotated[
+        bool, typer.Option("--jinja", help="Render the GGUF's own Jinja chat template.")
+    ] = False,
+    swa_full: common.SwaFullOpt = False,
+    kv_unified: common.KvUnifiedOpt = False,
+    type_k: common.TypeKOpt = "f32",
+    type_v: common.TypeVOpt = "f32",
+    verbose: Annotated[
+        bool, typer.Option("-v", "--verbose", help="Model, template and context details.")
+    ] = False,
+    session_file: Annotated[
+        Path | None,
+        typer.Option("--session", help="Resume the chat from this state file if it exists; save it on exit."),
+    ] = None,
+    store: Annotated[
+        Path | None, typer.Option("--store", help="Keep conversations in this SQLite store.")
+    ] = None,
+    conversation: Annotated[
+        str, typer.Option("--conversation", help="The conversation of --store to open.")
+    ] = "default",
+    parallel: Annotated[
+        int | None,
+        typer.Option("-np", "--parallel", help="Conversations in memory at once (default: 4 with --store)."),
+    ] = None,
+) -> None:
+    """Chat with a model (interactive, or turns read from a pipe), or complete one prompt (-p)."""
+    kvtool.set_n_threads(threads)
+    m = common.load_model_with_status(model, err)
+    if jinja:
+        m.use_chat_template(jinja=True)
+    n_seq_max = parallel or (4 if store is not None else 1)
+    cp = common.context_params(
+        ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v
+    )
+    ctx = common.make_context(m, cp, err)
+    sp = kvtool.SamplerParams(
+        seed=seed,
+        temp=temp,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+        repeat_last_n=repeat_last_n,
+    )
+
+    def new_session(seq: int) -> ChatSession:
+        sampler = kvtool.Sampler(sp)
+        return ChatSession(ctx, sampler, system, seq, use_template=not no_chat, ignore_eos=ignore_eos)
+
+    keeper = _Keeper(ctx, new_session, session_file, store, conversation)
+    if verbose:
+        err.print(
+            f"model: {m.name} ({m.arch}, {m.path}); chat template: {m.chat_template.name}; "
+            f"n_ctx = {ctx.n_ctx}; seed = {keeper.session.sampler.seed}"
+        )
+    try:
+        if prompt is not None:
+            _one_shot(keeper.session, prompt, n_predict)
+        else:
+            _chat(keeper, n_predict)
+    finally:
+        keeper.finish()
+
+
+class _Keeper:
+    """Where conversations are kept: a session file (like llama-cli's prompt cache), a store of
+    named conversations sharing the model, or nowhere. `/save NAME` and `/load NAME` go to
+    files, or with a store to its conversations (`/load` switches)."""
+
+    def __init__(
+        self,
+        ctx: kvtool.Context,
+        new_session: Callable[[int], ChatSession],
+        session_file: Path | None,
+        store: Path | None,
+        name: str,
+    ) -> None:
+        self.file = session_file
+        self.pool = (
+            None if store is None else ConversationPool(ctx, kvtool.ConversationStore(store), new_session)
+        )
+        self.name = name
+        if self.pool is not None:
+            self.session = self.pool.open(name)
+            if self.session.messages or self.session.cached:
+                err.print(f"[dim](conversation '{name}': {self._summary()})[/]")
+            return
+        self.session = new_session(0)
+        if session_file is not None and session_file.exists():
+            self.session.load_state(session_file)
+            err.print(f"[dim](resumed {session_file}: {self._summary()})[/]")
+
+    def _summary(self) -> str:
+        return f"{len(self.session.messages)} messages, {len(self.session.cached)} tokens"
+
+    def save(self, name: str) -> str:
+        if self.pool is not None:
+            self.pool.save(self.name, as_name=name)
+            return f"saved as '{name}' in the store"
+        n = self.session.save_state(name)
+        return f"saved to {name} ({n:,} bytes)"
+
+    def load(self, name: str) -> str:
+        if self.pool is not None:
+            self.pool.save(self.name)
+            self.session, self.name = self.pool.open(name), name
+            return f"conversation '{name}': {self._summary()}"
+        self.session.load_state(name)
+        return f"loaded {name}: {self._summary()}"
+
+    def listing(self) -> str:
+        if self.pool is None:
+            return "no store (use --store DB)"
+        rows = self.pool.store.list()
+        return ", ".join(f"{r.name}{'*' if r.name == self.name else ''} ({r.n_messages})" for r in rows)
+
+    def finish(self) -> None:
+        if self.pool is not None:
+            self.pool.close_all()
+            self.pool.store.close()
+        elif self.file is not None:
+            self.session.save_state(self.file)
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _stop_note(gen: Generation, ctx: kvtool.Context) -> None:
+    if gen.stop == "ctx_full":
+        err.print(f"[yellow]context full (n_ctx = {ctx.n_ctx_seq}): the reply stopped; /clear starts over[/]")
+    elif gen.stop == "interrupted":
+        err.print("[yellow](interrupted)[/]")
+
+
+def _one_shot(session: ChatSession, prompt: str, n_predict: int) -> None:
+    _, gen = session.respond(prompt, n_predict, _write)
+    _write("\n")
+    _stop_note(gen, session.ctx)
+    err.print(session.timings.line())
+
+
+def _read_turns():  # type: ignore[no-untyped-def]
+    """User turns: prompted on a terminal, else one per line of standard input."""
+    if sys.stdin.isatty():
+        import readline  # noqa: F401  (line editing and history for input())
+
+        while True:
+            try:
+                yield input("\n> ")
+            except EOFError:
+                return
+    else:
+        for line in sys.stdin:
+            line = line.rstrip("\n")
+            _write(f"\n> {line}\n")
+            yield line
+
+
+def _chat(keeper: _Keeper, n_predict: int) -> None:
+    if sys.stdin.isatty():
+        err.print(
+            "[dim]Chat with the model. /clear forgets the conversation, /save NAME and /load NAME keep "
+            "and resume it, /list shows a store's, /exit quits; Ctrl-C stops a reply.[/]"
+        )
+    try:
+        for line in _read_turns():
+            text = line.strip()
+            session = keeper.session
+            if not text:
+                continue
+            if text in ("/exit", "/quit"):
+                return
+            if text == "/clear":
+                session.clear()
+                err.print("[dim](conversation cleared)[/]")
+                continue
+            if text == "/list":
+                err.print(f"[dim]{keeper.listing()}[/]")
+                continue
+            cmd, _, arg = text.partition(" ")
+            if cmd in ("/save", "/load"):
+                try:
+                    if not arg.strip():
+                        raise kvtool.StateError(f"{cmd} needs a name")
+                    note = keeper.save(arg.strip()) if cmd == "/save" else keeper.load(arg.strip())
+                    err.print(f"[dim]({note})[/]")
+                except kvtool.StateError as e:
+                    err.print(f"[yellow]{e}[/]")
+                continue
+            n0, t0 = session.timings.n_gen, session.timings.t_gen
+            try:
+                _, gen = session.respond(text, n_predict, _write)
+            except kvtool.ContextFullError as e:
+                err.print(f"[yellow]{e}; /clear starts over[/]")
+                continue
+            except KeyboardInterrupt:  # while the prompt was being decoded: drop the turn
+                err.print("[yellow](interrupted)[/]")
+                continue
+            _write("\n")
+            _stop_note(gen, session.ctx)
+            dn, dt = session.timings.n_gen - n0, session.timings.t_gen - t0  # this reply's share
+            err.print(f"[dim]{len(gen.tokens)} tokens, {dn / dt if dt > 0 else 0:.1f} t/s[/]")
+    except KeyboardInterrupt:  # Ctrl-C at the prompt leaves the chat
+        _write("\n")

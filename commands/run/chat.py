@@ -1,0 +1,166 @@
+"""A chat conversation kept in sync with one sequence of a context's memory.
+
+Each turn renders the whole conversation with the chat template, tokenizes it and hands it to
+kvtool.resume_seq, which keeps the longest prefix already in the memory and decodes only the
+rest (what llama-server does with its prompt cache), so a turn decodes just its new tokens and
+any template works."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import kvtool
+from kvtool.commands.common.generate import Generation, TextStream, Timings, generate
+
+
+def chat_section(info: kvtool.StateInfo) -> dict[str, Any]:
+    """The conversation a state carries (StateError if it carries none or it does not match)."""
+    chat = (info.app or {}).get("chat")
+    tokens = info.tokens()
+    ok = (
+        info.kind == "sequence"
+        and isinstance(chat, dict)
+        and isinstance(chat.get("messages"), list)
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in chat["messages"]
+        )
+        and (chat.get("system") is None or isinstance(chat["system"], str))
+    )
+    if not ok or not isinstance(chat, dict):
+        raise kvtool.StateError("this state holds no chat conversation")
+    if tokens is None or len(tokens) != info.seqs[0].pos_max + 1:
+        raise kvtool.StateError("corrupted state: the conversation's tokens do not match its cells")
+    return chat
+
+
+class ChatSession:
+    """Messages plus the token ids of `seq` held in the memory. `ignore_eos` bans
+    end-of-generation tokens (llama.cpp's --ignore-eos)."""
+
+    def __init__(
+        self,
+        ctx: kvtool.Context,
+        sampler: kvtool.Sampler,
+        system: str | None = None,
+        seq: int = 0,
+        use_template: bool = True,
+        ignore_eos: bool = False,
+    ) -> None:
+        self.ctx = ctx
+        self.sampler = sampler
+        self.system = system
+        self.seq = seq
+        self.use_template = use_template
+        self.ignore_eos = ignore_eos
+        self.messages: list[dict[str, str]] = []
+        self.cached: list[int] = []  # tokens of `seq` in the memory, positions 0..n-1
+        self.pending: list[int] = []  # the reply's last sampled token, decoded with the next turn
+        self.timings = Timings()
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget the conversation (the system message stays) and its cells."""
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.ctx.memory.seq_rm(self.seq, -1, -1)
+        self.cached, self.pending = [], []
+        self.sampler.reset()
+
+    def prompt_tokens(self) -> list[int]:
+        """The whole conversation rendered with the chat template, as token ids."""
+        model = self.ctx.model
+        rendered = model.apply_chat_template(self.messages, add_generation_prompt=True)
+        return model.tokenize(rendered, add_special=True, parse_special=True)
+
+    def respond(
+        self, user_text: str, n_predict: int = -1, on_text: Callable[[str], None] | None = None
+    ) -> tuple[str, Generation]:
+        """Adds the user's turn, generates the reply (streamed through on_text), records it."""
+        if self.use_template:
+            self.messages.append({"role": "user", "content": user_text})
+            tokens = self.prompt_tokens()
+        else:
+            said = self.cached + self.pending  # raw text continues after the whole reply
+            tokens = said + self.ctx.model.tokenize(user_text, add_special=not said, parse_special=False)
+        t0 = time.perf_counter()
+        try:
+            kept, logits = kvtool.resume_seq(self.ctx, self.seq, tokens, self.cached)
+        except BaseException:
+            # resume_seq leaves a prefix of what the sequence held: cut `cached` to it
+            self.cached = self.cached[: self.ctx.memory.seq_pos_max(self.seq) + 1]
+            if self.use_template:
+                self.messages.pop()
+            raise
+        self.timings.n_prompt += len(tokens) - kept
+        self.timings.t_prompt += time.perf_counter() - t0
+        self.cached = list(tokens)
+        stream = TextStream(self.ctx.model)
+        parts: list[str] = []
+
+        def emit(tok: int) -> None:
+            piece = stream.push(tok)
+            if piece:
+                parts.append(piece)
+                if on_text is not None:
+                    on_text(piece)
+
+        gen = generate(
+            self.ctx,
+            self.sampler,
+            logits,
+            len(self.cached),
+            n_predict,
+            emit,
+            self.seq,
+            self.timings,
+            ignore_eos=self.ignore_eos,
+        )
+        tail = stream.flush()
+        if tail:
+            parts.append(tail)
+            if on_text is not None:
+                on_text(tail)
+        # The memory holds every generated token but the last one sampled (decoded next turn).
+        said, n_held = self.cached + gen.tokens, self.ctx.memory.seq_pos_max(self.seq) + 1
+        self.cached, self.pending = said[:n_held], said[n_held:]
+        text = "".join(parts)
+        if self.use_template:
+            self.messages.append({"role": "assistant", "content": text})
+        return text, gen
+
+    # -- saving and resuming --------------------------------------------------------------------
+    def _state_args(self) -> dict[str, Any]:
+        chat = {"system": self.system, "messages": self.messages}
+        return {"tokens": self.cached, "sampler": self.sampler, "app": {"chat": chat}}
+
+    def state_data(self) -> bytes:
+        """The conversation as a sequence state: its cells, token ids, messages and sampler."""
+        return self.ctx.state_seq_get_data(self.seq, **self._state_args())
+
+    def save_state(self, path: str | Path) -> int:
+        """Writes `state_data()` to a file atomically; returns the bytes written."""
+        return self.ctx.state_save_file(path, self.seq, **self._state_args())
+
+    def restore_data(self, data: bytes) -> kvtool.StateInfo:
+        """Resumes a conversation saved by `state_data` on this session's sequence (any model
+        context that fits it). Checked first: on StateError nothing has changed."""
+        chat_section(kvtool.inspect_state(data))
+        return self._adopt(self.ctx.state_seq_set_data(data, self.seq))
+
+    def load_state(self, path: str | Path) -> kvtool.StateInfo:
+        """Resumes the conversation saved in a file by `save_state`. Checked first: on
+        StateError nothing has changed."""
+        chat_section(kvtool.inspect_state(path))
+        return self._adopt(self.ctx.state_load_file(path, self.seq))
+
+    def _adopt(self, info: kvtool.StateInfo) -> kvtool.StateInfo:
+        """Takes the messages, token ids and sampler of the state just loaded."""
+        chat = chat_section(info)
+        self.system = chat.get("system")
+        self.messages = [dict(m) for m in chat["messages"]]
+        self.cached, self.pending = list(info.tokens() or []), []
+        info.restore_sampler(self.sampler)
+        return info

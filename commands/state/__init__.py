@@ -1,0 +1,192 @@
+"""`kvtool state`: save a prompt's state, resume generation from it, inspect files, list stores
+(llama.cpp's examples/save-load-state, split into steps)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+from rich.console import Console
+from rich.table import Table
+
+import kvtool
+from kvtool import ConversationStore, StateInfo, inspect_state
+from kvtool.commands import app, common
+from kvtool.commands.common.generate import TextStream, generate
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+state_app = typer.Typer(
+    help="Save a prompt's KV state, continue generating from it, inspect state files and stores.",
+    no_args_is_help=True,
+)
+app.add_typer(state_app, name="state")
+
+SeqOpt = Annotated[
+    int | None, typer.Option("--seq", help="Save/restore one sequence (a sequence state) instead of all.")
+]
+
+
+@state_app.command("save")
+def save(
+    output: Annotated[Path, typer.Option("-o", "--output", help="State file to write.")],
+    prompt: Annotated[str, typer.Option("-p", "--prompt", help="Text to decode before saving.")],
+    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
+    seq: SeqOpt = None,
+    ctx_size: common.CtxOpt = 4096,
+    batch_size: common.BatchOpt = 2048,
+    ubatch_size: common.UBatchOpt = 512,
+    kv_unified: common.KvUnifiedOpt = False,
+    swa_full: common.SwaFullOpt = False,
+    type_k: common.TypeKOpt = "f32",
+    type_v: common.TypeVOpt = "f32",
+    threads: common.ThreadsOpt = None,
+) -> None:
+    """Decode the prompt (raw text, no chat template) and save the state atomically."""
+    kvtool.set_n_threads(threads)
+    m = common.load_model_with_status(model, err)
+    s = 0 if seq is None else seq
+    cp = common.context_params(ctx_size, batch_size, ubatch_size, s + 1, kv_unified, swa_full, type_k, type_v)
+    ctx = common.make_context(m, cp, err)
+    ids = m.tokenize(prompt, add_special=True, parse_special=False)
+    kvtool.decode_tokens(ctx, ids, s, 0)
+    n = ctx.state_save_file(output, seq, tokens={s: ids})
+    what = "context" if seq is None else f"sequence {seq}"
+    err.print(f"saved {len(ids)} tokens ({what}) to {output}: {n:,} bytes")
+
+
+@state_app.command("load")
+def load(
+    input: Annotated[Path, typer.Option("-i", "--input", help="State file to restore.")],
+    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
+    prompt: Annotated[str | None, typer.Option("-p", "--prompt", help="More text to decode first.")] = None,
+    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.")] = 32,
+    seq: Annotated[
+        int | None, typer.Option("--seq", help="Sequence to continue (default: the saved one).")
+    ] = None,
+    temp: Annotated[float, typer.Option("--temp", help="Temperature (<= 0: greedy).")] = 0.0,
+    seed: Annotated[
+        int, typer.Option("-s", "--seed", help="RNG seed (-1: the saved sampler's, if any).")
+    ] = -1,
+    ctx_size: common.CtxOpt = 4096,
+    batch_size: common.BatchOpt = 2048,
+    ubatch_size: common.UBatchOpt = 512,
+    kv_unified: common.KvUnifiedOpt = False,
+    swa_full: common.SwaFullOpt = False,
+    type_k: common.TypeKOpt = "f32",
+    type_v: common.TypeVOpt = "f32",
+    threads: common.ThreadsOpt = None,
+) -> None:
+    """Restore a state and print the continuation on stdout (greedy unless --temp > 0)."""
+    info = inspect_state(input)
+    saved = [s.seq_id for s in info.seqs]
+    if info.kind == "context" and seq is not None and seq not in saved:
+        raise kvtool.StateError(f"{input} holds sequences {saved}, not {seq}")
+    s = seq if seq is not None else (saved[0] if info.kind == "context" and saved else 0)
+    kvtool.set_n_threads(threads)
+    m = common.load_model_with_status(model, err)
+    n_seq_max = max([s, *saved]) + 1 if info.kind == "context" else s + 1
+    cp = common.context_params(
+        ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v
+    )
+    ctx = common.make_context(m, cp, err)
+    info = ctx.state_load_file(input, None if info.kind == "context" else s)
+    sampler = kvtool.Sampler(kvtool.SamplerParams(seed=seed, temp=temp))
+    if seed == -1:
+        info.restore_sampler(sampler)
+    logits = _next_logits(ctx, info, s, prompt)
+    pos = ctx.memory.seq_pos_max(s) + 1
+    stream = TextStream(m)
+    gen = generate(ctx, sampler, logits, pos, n_predict, lambda t: _write(stream.push(t)), s)
+    _write(stream.flush() + "\n")
+    err.print(
+        f"restored {info.seqs[0].n_cells if info.seqs else 0} cells; generated {len(gen.tokens)} tokens"
+    )
+
+
+def _next_logits(ctx: kvtool.Context, info: StateInfo, seq: int, more: str | None) -> torch.Tensor:
+    """The logits generation starts from: a context state's own when it holds one sequence and
+    nothing is added, else those kvtool.resume_seq computes after the saved tokens and `more`."""
+    n_held = ctx.memory.seq_pos_max(seq) + 1
+    ids = ctx.model.tokenize(more, add_special=n_held == 0, parse_special=False) if more else []
+    if not ids and info.kind == "context" and info.n_outputs and len(info.seqs) == 1:
+        return ctx.logits_ith(-1)
+    saved = info.tokens(None if info.kind == "sequence" else seq)
+    if saved is None and ids:  # no token ids saved: the text can only follow the held cells
+        return kvtool.decode_tokens(ctx, ids, seq, n_held)
+    if not saved and not ids:
+        raise kvtool.StateError("the state holds no token ids to continue from: give -p")
+    return kvtool.resume_seq(ctx, seq, [*(saved or []), *ids], saved or [])[1]
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+@state_app.command("inspect")
+def inspect(file: Annotated[Path, typer.Argument(help="A state file.")]) -> None:
+    """Show a state file's header: model, memory layout, sequences, token counts, sizes."""
+    info = inspect_state(file)
+    out = Console(highlight=False, soft_wrap=True)
+    out.print(f"file: {file} ({info.n_bytes:,} bytes, checksum ok)")
+    out.print(f"format: kvtool.state version {info.version}, {info.kind} state")
+    md = info.model
+    out.print(f"model: {md.get('name')} ({md.get('arch')}, n_vocab {md.get('n_vocab')})")
+    out.print(f"fingerprint: {md.get('fingerprint')}, content {md.get('content')}")
+    for line in _memory_lines(info.memory, "memory"):
+        out.print(line)
+    table = Table(title="sequences")
+    for col in ("seq", "cells", "positions", "tokens"):
+        table.add_column(col, justify="right")
+    for s in info.seqs:
+        toks = "-" if s.tokens is None else str(len(s.tokens))
+        table.add_row(str(s.seq_id), str(s.n_cells), f"{s.pos_min}..{s.pos_max}", toks)
+    out.print(table)
+    sizes = ", ".join(f"{k} {v:,}" for k, v in sorted(info.tensor_bytes.items()))
+    header = info.n_bytes - sum(info.tensor_bytes.values())
+    out.print(f"sizes (bytes): {sizes}, header {header:,}")
+    if info.n_outputs:
+        out.print(f"logits: {info.n_outputs} row(s)")
+    if info.sampler is not None:
+        out.print(f"sampler: seed {info.sampler['seed']}, {len(info.sampler['history'])} tokens of history")
+    chat = (info.app or {}).get("chat")
+    if isinstance(chat, dict):
+        out.print(f"chat: {len(chat.get('messages', []))} messages")
+
+
+def _memory_lines(layout: dict, name: str) -> list[str]:  # type: ignore[type-arg]
+    if "parts" in layout:
+        lines = [f"{name}: {layout.get('kind')}"]
+        for part, sub in layout["parts"].items():
+            lines += _memory_lines(sub, f"  {part}")
+        return lines
+    mode = "unified" if layout.get("unified") else "split"
+    swa = f", window {layout['swa']['n_swa']}" if layout.get("swa") else ""
+    return [
+        f"{name}: {layout.get('kind')} {mode}, {layout.get('n_stream')} stream(s) x "
+        f"{layout.get('n_cells')} cells, K {layout.get('type_k')} V {layout.get('type_v')}, "
+        f"{len(layout.get('layers', []))} layers"
+        f"{swa}; {layout.get('n_rows')} cells saved"
+    ]
+
+
+@state_app.command("list")
+def list_store(
+    store: Annotated[Path, typer.Option("--store", help="A conversation store (SQLite file).")],
+) -> None:
+    """List the conversations of a store: name, model, tokens, messages, size, last save."""
+    if not store.is_file():
+        raise kvtool.StateError(f"no conversation store {store}")
+    with ConversationStore(store) as db:
+        rows = db.list()
+    table = Table(title=f"conversations in {store}")
+    for col in ("name", "model", "tokens", "messages", "bytes", "saved"):
+        table.add_column(col, justify="left" if col in ("name", "model", "saved") else "right")
+    for r in rows:
+        saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated))
+        table.add_row(r.name, r.model, str(r.n_tokens), str(r.n_messages), f"{r.n_bytes:,}", saved)
+    Console(highlight=False).print(table)

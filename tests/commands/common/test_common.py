@@ -1,0 +1,66 @@
+"""What the verbs share: -t sets the threads once, context warnings become one line, the
+fetch progress of the registry is shown on the console."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from typer.testing import CliRunner
+
+import kvtool
+import kvtool.commands.batched_bench
+import kvtool.commands.bench  # registers the verbs: with one verb typer drops its name
+from kvtool.commands import app, common
+
+
+def test_threads_flag_sets_the_threads_the_run_reports(tiny_llama_path: Path) -> None:
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        args = ["batched-bench", "-m", str(tiny_llama_path), "-npp", "4", "-ntg", "1", "-t", "1"]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert "n_threads = 1" in result.stdout and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_context_flags_map_to_context_params(tiny_llama: kvtool.Model) -> None:
+    p = common.context_params(300, 64, 16, 3, True, True, "f16", "bf16")
+    assert p == kvtool.ContextParams(
+        n_ctx=300,
+        n_batch=64,
+        n_ubatch=16,
+        n_seq_max=3,
+        kv_unified=True,
+        swa_full=True,
+        type_k="f16",
+        type_v="bf16",
+    )
+
+
+def test_an_uneven_split_is_one_line_on_the_console(tiny_llama: kvtool.Model) -> None:
+    out = io.StringIO()
+    params = common.context_params(1000, 512, 512, 3, False, False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing may escape as a Python warning
+        ctx = common.make_context(tiny_llama, params, Console(file=out, width=200))
+        common.make_context(tiny_llama, params, None)
+    assert ctx.n_ctx_seq == 512  # pad256(1000 // 3)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: ") and "1000" in lines[0]
+
+
+def test_fetch_bar_ends_with_the_verified_size() -> None:
+    out = io.StringIO()
+    bar = common.FetchBar(Console(file=out, width=200), "tiny")
+    bar("download", 0, 0)
+    for done in (100, 2_000_000):
+        bar("extract", done, 2_000_000)
+    bar("verified", 2_000_000, 2_000_000)
+    bar.close()  # idempotent: the verb closes it whatever happened
+    assert out.getvalue().splitlines()[-1].startswith("tiny: 2.0 MB, sha256 ok, ")
