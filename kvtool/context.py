@@ -37,6 +37,7 @@ class ContextParams:
     swa_full: bool = False
     type_k: str = "f32"  # K cache type: f32, f16, bf16
     type_v: str = "f32"  # V cache type, independent of K
+    n_rs_seq: int = 0  # recurrent memories: states kept per sequence, so seq_rm can roll back this far
 
 
 class Context:
@@ -48,6 +49,8 @@ class Context:
             raise KvtoolError(f"n_seq_max must be between 1 and 64, got {p.n_seq_max}")
         if p.n_ctx < 0:
             raise KvtoolError(f"n_ctx must be 0 (the model's) or positive, got {p.n_ctx}")
+        if p.n_rs_seq < 0:
+            raise KvtoolError(f"n_rs_seq must be 0 or positive, got {p.n_rs_seq}")
         if p.n_batch < 1 or p.n_ubatch < 1:
             raise KvtoolError("n_batch and n_ubatch must be positive")
         for t in (p.type_k, p.type_v):
@@ -79,6 +82,7 @@ class Context:
                 swa_full=p.swa_full,
                 type_k=_DTYPES[p.type_k],
                 type_v=_DTYPES[p.type_v],
+                n_rs_seq=p.n_rs_seq,
             )
         )
         self._logits = torch.empty(0, model.n_vocab)
