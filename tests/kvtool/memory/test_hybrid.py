@@ -37,12 +37,10 @@ def model(arch: str) -> kvtool.Model:
 
 
 def context(arch: str, unified: bool = True, n_rs_seq: int = 0, n_ubatch: int = 64) -> kvtool.Context:
-    params = kvtool.ContextParams(n_ctx=512, n_batch=64, n_ubatch=n_ubatch, n_seq_max=2, kv_unified=unified)
-    ctx = kvtool.Context(model(arch), params)
-    if n_rs_seq:  # ContextParams has no n_rs_seq yet: rebuild the memory with it
-        mp = MemoryParams(n_ctx_seq=ctx.n_ctx_seq, n_seq_max=2, n_ubatch=n_ubatch, kv_unified=unified)
-        ctx.memory = model(arch).memory_spec().build(dataclasses.replace(mp, n_rs_seq=n_rs_seq))
-    return ctx
+    params = kvtool.ContextParams(
+        n_ctx=512, n_batch=64, n_ubatch=n_ubatch, n_seq_max=2, kv_unified=unified, n_rs_seq=n_rs_seq
+    )
+    return kvtool.Context(model(arch), params)
 
 
 def decode(ctx: kvtool.Context, tokens: list[int], pos0: int, seq: int = 0) -> torch.Tensor:
