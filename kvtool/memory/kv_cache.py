@@ -233,8 +233,9 @@ class KVCache(SeqOps, PartBatches):
         return [0] if self.params.unified else [self.stream_of(s) for s in ub.seq_id_unq]
 
     def prepare(self, ubatches: list[UBatch]) -> list[list[np.ndarray]] | None:
-        """Simulates placing every ubatch (on copies of the cells): the slots, or None if one does not fit."""
-        cells = [c.copy() for c in self.cells]
+        """Simulates placing every ubatch (on copies of the cells): the slots, or None if one does not fit.
+        Only the streams the ubatches touch are copied (one sequence's decode copies one stream)."""
+        cells: dict[int, KVCells] = {}
         slots: list[list[np.ndarray]] = []
         for ub in ubatches:
             streams = self.ubatch_streams(ub)
@@ -242,6 +243,8 @@ class KVCache(SeqOps, PartBatches):
             ub_slots = []
             for b, s in enumerate(streams):
                 rows = slice(b * per, (b + 1) * per)
+                if s not in cells:
+                    cells[s] = self.cells[s].copy()
                 idx = cells[s].find_slot(per, self.params.swa)
                 if idx is None:
                     return None

@@ -156,6 +156,8 @@ class KVCells:
         head = self.head
         if head > self.n_used() + 2 * n:
             head = 0
+        if head + n <= self.size and usable[head : head + n].all():
+            return np.arange(head, head + n)  # the usual case: free cells right at the head
         order = np.roll(np.arange(self.size), -head) if head else np.arange(self.size)
         cand = order[usable[order]]
         if cand.size < n:

@@ -29,7 +29,7 @@ class Architecture(Protocol):
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor: ...
 
 
-ARCHITECTURES: dict[str, Callable[[GGUFFile, HParams], Architecture]] = {
+ARCHITECTURES: dict[str, Callable[[GGUFFile, HParams, str], Architecture]] = {
     "llama": LlamaModel,
     "gemma3": Gemma3Model,
     "mamba": MambaModel,

@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from kvtool.batch import UBatch
 from kvtool.gguf_file import GGUFFile
@@ -22,6 +21,7 @@ from kvtool.memory.kv_cells import SWAParams
 from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import HParams, SWAHParams
 from kvtool.models.layers import RopeParams, apply_rope, attend, geglu, rms_norm
+from kvtool.models.linear import Embedding, Linear, LinearGroup, load_linear, output_linear
 
 SWA_PATTERN_DEFAULT = 6  # five sliding layers, then one global (when the GGUF has no pattern key)
 N_LAYER_27B = 62  # Gemma-3-27B scales queries by 1/sqrt(n_embd / n_head) instead of 1/sqrt(head_dim)
@@ -30,37 +30,37 @@ N_LAYER_27B = 62  # Gemma-3-27B scales queries by 1/sqrt(n_embd / n_head) instea
 @dataclass
 class Gemma3Layer:
     attn_norm: torch.Tensor  # [n_embd]
-    wq: torch.Tensor  # [n_head * hd, n_embd]
-    wk: torch.Tensor  # [n_head_kv * hd, n_embd]
-    wv: torch.Tensor  # [n_head_kv * hd_v, n_embd]
-    wo: torch.Tensor  # [n_embd, n_head * hd_v]
+    wqkv: LinearGroup  # q [n_head * hd, n_embd], k [n_head_kv * hd, n_embd], v [n_head_kv * hd_v, n_embd]
+    wo: Linear  # [n_embd, n_head * hd_v]
     q_norm: torch.Tensor  # [hd]
     k_norm: torch.Tensor  # [hd]
     attn_post_norm: torch.Tensor  # [n_embd]
     ffn_norm: torch.Tensor  # [n_embd]
-    ffn_gate: torch.Tensor  # [n_ff, n_embd]
-    ffn_up: torch.Tensor  # [n_ff, n_embd]
-    ffn_down: torch.Tensor  # [n_embd, n_ff]
+    ffn_gate_up: LinearGroup  # gate, up [n_ff, n_embd]
+    ffn_down: Linear  # [n_embd, n_ff]
     ffn_post_norm: torch.Tensor  # [n_embd]
 
     @classmethod
-    def load(cls, f: GGUFFile, il: int) -> Gemma3Layer:
+    def load(cls, f: GGUFFile, il: int, weights: str) -> Gemma3Layer:
         def t(name: str) -> torch.Tensor:
             return f.tensor(f"blk.{il}.{name}.weight")
 
+        def lin(name: str) -> Linear:
+            return load_linear(f, f"blk.{il}.{name}.weight", weights)
+
+        def group(*names: str) -> LinearGroup:
+            return LinearGroup(f, [f"blk.{il}.{n}.weight" for n in names], weights, [None] * len(names))
+
         return cls(
             attn_norm=t("attn_norm"),
-            wq=t("attn_q"),
-            wk=t("attn_k"),
-            wv=t("attn_v"),
-            wo=t("attn_output"),
+            wqkv=group("attn_q", "attn_k", "attn_v"),
+            wo=lin("attn_output"),
             q_norm=t("attn_q_norm"),
             k_norm=t("attn_k_norm"),
             attn_post_norm=t("post_attention_norm"),
             ffn_norm=t("ffn_norm"),
-            ffn_gate=t("ffn_gate"),
-            ffn_up=t("ffn_up"),
-            ffn_down=t("ffn_down"),
+            ffn_gate_up=group("ffn_gate", "ffn_up"),
+            ffn_down=lin("ffn_down"),
             ffn_post_norm=t("post_ffw_norm"),
         )
 
@@ -68,15 +68,15 @@ class Gemma3Layer:
 class Gemma3Model:
     """Weights and forward pass of the gemma3 architecture."""
 
-    def __init__(self, f: GGUFFile, hp: HParams) -> None:
+    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
         self.hp = hp
         self.swa = SWAHParams.from_gguf(f, hp.n_layer, SWA_PATTERN_DEFAULT)
         # Logits are soft-capped only when the file asks for it (Gemma 3 itself does not).
         self.final_logit_softcap = float(f.arch_get("final_logit_softcapping", 0.0) or 0.0)
-        self.tok_embd = f.tensor("token_embd.weight")  # [n_vocab, n_embd]
+        self.tok_embd = Embedding(f, "token_embd.weight", weights)  # [n_vocab, n_embd]
         self.output_norm = f.tensor("output_norm.weight")
-        self.output = f.tensor("output.weight") if f.has_tensor("output.weight") else self.tok_embd
-        self.layers = [Gemma3Layer.load(f, il) for il in range(hp.n_layer)]
+        self.output = output_linear(f, weights, self.tok_embd)  # tied embeddings if absent
+        self.layers = [Gemma3Layer.load(f, il, weights) for il in range(hp.n_layer)]
         self.rope_global = RopeParams(
             n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_freq_scale, neox=True
         )
@@ -115,28 +115,27 @@ class Gemma3Model:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
         hp = self.hp
         n = ub.n_tokens
-        x = self.tok_embd[torch.from_numpy(ub.token)] * self.embd_scale  # [n, n_embd]
+        x = self.tok_embd(torch.from_numpy(ub.token)) * self.embd_scale  # [n, n_embd]
         pos = torch.from_numpy(ub.pos)
         rot_global, rot_swa = self.rope_global.cos_sin(pos), self.rope_swa.cos_sin(pos)  # [n, n_rot/2]
         for il, L in enumerate(self.layers):
             rope = self.rope(il)
             cos, sin = rot_swa if self.is_swa(il) else rot_global
             h = rms_norm(x, L.attn_norm, hp.eps)
-            q = F.linear(h, L.wq).view(n, hp.n_head, hp.head_dim_k)
-            k = F.linear(h, L.wk).view(n, hp.n_head_kv[il], hp.head_dim_k)
-            v = F.linear(h, L.wv).view(n, hp.n_head_kv[il], hp.head_dim_v)
+            q, k, v = L.wqkv(h)
+            q = q.reshape(n, hp.n_head, hp.head_dim_k)
+            k = k.reshape(n, hp.n_head_kv[il], hp.head_dim_k)
+            v = v.reshape(n, hp.n_head_kv[il], hp.head_dim_v)
             q = apply_rope(rms_norm(q, L.q_norm, hp.eps), cos, sin, rope) * self.q_scale
             k = apply_rope(rms_norm(k, L.k_norm, hp.eps), cos, sin, rope)
-            a = F.linear(
-                attend(mctx.layer_view(il), q, k, v, 1.0), L.wo
-            )  # queries are pre-scaled, as in llama.cpp
+            a = L.wo(attend(mctx.layer_view(il), q, k, v, 1.0))  # queries are pre-scaled, as in llama.cpp
             if il == hp.n_layer - 1:
                 out = torch.from_numpy(ub.output)  # only output rows need the rest
                 a, x = a[out], x[out]
             x = x + rms_norm(a, L.attn_post_norm, hp.eps)
-            f = geglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate, L.ffn_up, L.ffn_down)
+            f = geglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
             x = x + rms_norm(f, L.ffn_post_norm, hp.eps)
-        logits = F.linear(rms_norm(x, self.output_norm, hp.eps), self.output)
+        logits = self.output(rms_norm(x, self.output_norm, hp.eps))
         if self.final_logit_softcap:
             c = self.final_logit_softcap
             logits = torch.tanh(logits / c) * c

@@ -71,7 +71,8 @@ class GraniteHybridLayer:
 class GraniteHybridModel:
     """Weights and forward pass of granitehybrid (dense feed-forward layers)."""
 
-    def __init__(self, f: GGUFFile, hp: HParams) -> None:
+    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
+        # Every weights mode loads float32 (as the recurrent architectures): no packed path yet.
         self.hp = hp
         self.scales = GraniteScales.from_gguf(f)
         self.ssm = s = SSMHParams.from_gguf(f)

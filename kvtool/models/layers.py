@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -10,12 +10,16 @@ import torch.nn.functional as F
 from kvtool.kernels.attention import attention
 from kvtool.kernels.store_kv import store_kv
 from kvtool.memory.kv_cache_context import KVView
+from kvtool.models.linear import Linear, LinearGroup
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
     """x * w / sqrt(mean(x^2) + eps) over the last dim (ggml_rms_norm then a multiply)."""
     y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return y * w if w is not None else y
+
+
+_ROPE_TABLE_MAX = 1 << 17  # positions beyond are computed directly, not tabled
 
 
 @dataclass(frozen=True)
@@ -28,15 +32,30 @@ class RopeParams:
     freq_scale: float = 1.0
     neox: bool = False
     freq_factors: torch.Tensor | None = None  # [n_rot/2] (rope_freqs.weight), divides theta
+    # cos/sin per position 0..len-1, computed once and grown by doubling: the same float64
+    # arithmetic as `_cos_sin`, so a table row is bit-identical to computing it afresh
+    _table: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list, compare=False, repr=False)
 
-    def cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [n, n_rot/2] for positions (or position deltas) `pos` [n]."""
+    def _cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         half = self.n_rot // 2
         inv = self.base ** (-2.0 * torch.arange(half, dtype=torch.float64) / self.n_rot)
         if self.freq_factors is not None:
             inv = inv / self.freq_factors.double()
         theta = pos.double()[:, None] * self.freq_scale * inv[None, :]
         return torch.cos(theta).float(), torch.sin(theta).float()
+
+    def cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [n, n_rot/2] for positions (or position deltas) `pos` [n]."""
+        if pos.numel() == 0 or int(pos.min()) < 0:  # negative deltas (seq_add): computed directly
+            return self._cos_sin(pos)
+        top = int(pos.max())
+        if top >= _ROPE_TABLE_MAX:
+            return self._cos_sin(pos)
+        if not self._table or top >= self._table[0][0].shape[0]:
+            size = max(256, 1 << top.bit_length())
+            self._table[:] = [self._cos_sin(torch.arange(size))]
+        cos, sin = self._table[0]
+        return cos[pos], sin[pos]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p: RopeParams) -> torch.Tensor:
@@ -53,9 +72,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p: RopePar
     return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
 
 
-def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+def swiglu(x: torch.Tensor, gate_up: LinearGroup, down: Linear) -> torch.Tensor:
     """down(silu(gate(x)) * up(x))."""
-    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+    gate, up = gate_up(x)
+    return down(F.silu(gate) * up)
 
 
 _SQRT_2_OVER_PI = 0.79788456080286535587989211986876
@@ -73,9 +93,10 @@ def gelu_ggml(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x <= -10.0, torch.zeros_like(x), torch.where(x >= 10.0, x, g))
 
 
-def geglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+def geglu(x: torch.Tensor, gate_up: LinearGroup, down: Linear) -> torch.Tensor:
     """down(gelu(gate(x)) * up(x)) with ggml's CPU GELU (llama.cpp's LLM_FFN_GELU + LLM_FFN_PAR)."""
-    return F.linear(gelu_ggml(F.linear(x, gate)) * F.linear(x, up), down)
+    gate, up = gate_up(x)
+    return down(gelu_ggml(gate) * up)
 
 
 def attend(view: KVView, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

@@ -75,7 +75,8 @@ class Lfm2Layer:
 class Lfm2Model:
     """Weights and forward pass of lfm2 (dense feed-forward layers)."""
 
-    def __init__(self, f: GGUFFile, hp: HParams) -> None:
+    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
+        # Every weights mode loads float32 (as the recurrent architectures): no packed path yet.
         self.hp = hp
         self.l_cache = int(f.arch_get("shortconv.l_cache"))
         if self.l_cache < 2:

@@ -6,7 +6,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from kvtool.batch import UBatch
 from kvtool.gguf_file import GGUFFile
@@ -15,22 +14,17 @@ from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import HParams
 from kvtool.models.layers import RopeParams, apply_rope, attend, rms_norm, swiglu
+from kvtool.models.linear import Embedding, Linear, LinearGroup, load_linear, output_linear
 
 
 @dataclass
 class LlamaLayer:
     attn_norm: torch.Tensor  # [n_embd]
-    wq: torch.Tensor  # [n_head * hd, n_embd]
-    wk: torch.Tensor  # [n_head_kv * hd, n_embd]
-    wv: torch.Tensor  # [n_head_kv * hd_v, n_embd]
-    wo: torch.Tensor  # [n_embd, n_head * hd_v]
-    bq: torch.Tensor | None
-    bk: torch.Tensor | None
-    bv: torch.Tensor | None
+    wqkv: LinearGroup  # q [n_head * hd, n_embd], k [n_head_kv * hd, n_embd], v [n_head_kv * hd_v, n_embd]
+    wo: Linear  # [n_embd, n_head * hd_v]
     ffn_norm: torch.Tensor
-    ffn_gate: torch.Tensor  # [n_ff, n_embd]
-    ffn_up: torch.Tensor
-    ffn_down: torch.Tensor  # [n_embd, n_ff]
+    ffn_gate_up: LinearGroup  # gate, up [n_ff, n_embd]
+    ffn_down: Linear  # [n_embd, n_ff]
 
 
 def _opt(f: GGUFFile, name: str) -> torch.Tensor | None:
@@ -40,26 +34,24 @@ def _opt(f: GGUFFile, name: str) -> torch.Tensor | None:
 class LlamaModel:
     """Weights and forward pass of the llama architecture."""
 
-    def __init__(self, f: GGUFFile, hp: HParams) -> None:
+    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
         self.hp = hp
-        self.tok_embd = f.tensor("token_embd.weight")  # [n_vocab, n_embd]
+        self.tok_embd = Embedding(f, "token_embd.weight", weights)  # [n_vocab, n_embd]
         self.output_norm = f.tensor("output_norm.weight")
-        out = _opt(f, "output.weight")
-        self.output: torch.Tensor = self.tok_embd if out is None else out  # tied embeddings if absent
+        self.output = output_linear(f, weights, self.tok_embd)  # tied embeddings if absent
+
+        def group(il: int, names: list[str], bias: bool = False) -> LinearGroup:
+            biases = [_opt(f, f"blk.{il}.{n}.bias") if bias else None for n in names]
+            return LinearGroup(f, [f"blk.{il}.{n}.weight" for n in names], weights, biases)
+
         self.layers = [
             LlamaLayer(
                 attn_norm=f.tensor(f"blk.{il}.attn_norm.weight"),
-                wq=f.tensor(f"blk.{il}.attn_q.weight"),
-                wk=f.tensor(f"blk.{il}.attn_k.weight"),
-                wv=f.tensor(f"blk.{il}.attn_v.weight"),
-                wo=f.tensor(f"blk.{il}.attn_output.weight"),
-                bq=_opt(f, f"blk.{il}.attn_q.bias"),
-                bk=_opt(f, f"blk.{il}.attn_k.bias"),
-                bv=_opt(f, f"blk.{il}.attn_v.bias"),
+                wqkv=group(il, ["attn_q", "attn_k", "attn_v"], bias=True),
+                wo=load_linear(f, f"blk.{il}.attn_output.weight", weights),
                 ffn_norm=f.tensor(f"blk.{il}.ffn_norm.weight"),
-                ffn_gate=f.tensor(f"blk.{il}.ffn_gate.weight"),
-                ffn_up=f.tensor(f"blk.{il}.ffn_up.weight"),
-                ffn_down=f.tensor(f"blk.{il}.ffn_down.weight"),
+                ffn_gate_up=group(il, ["ffn_gate", "ffn_up"]),
+                ffn_down=load_linear(f, f"blk.{il}.ffn_down.weight", weights),
             )
             for il in range(hp.n_layer)
         ]
@@ -85,18 +77,19 @@ class LlamaModel:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
         hp = self.hp
         n = ub.n_tokens
-        x = self.tok_embd[torch.from_numpy(ub.token)]  # [n, n_embd]
+        x = self.tok_embd(torch.from_numpy(ub.token))  # [n, n_embd]
         cos, sin = self.rope.cos_sin(torch.from_numpy(ub.pos))
         scale = 1.0 / math.sqrt(hp.head_dim_k)
         for il, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, hp.eps)
-            q = F.linear(h, L.wq, L.bq).view(n, hp.n_head, hp.head_dim_k)
-            k = F.linear(h, L.wk, L.bk).view(n, hp.n_head_kv[il], hp.head_dim_k)
-            v = F.linear(h, L.wv, L.bv).view(n, hp.n_head_kv[il], hp.head_dim_v)
+            q, k, v = L.wqkv(h)
+            q = q.reshape(n, hp.n_head, hp.head_dim_k)
+            k = k.reshape(n, hp.n_head_kv[il], hp.head_dim_k)
+            v = v.reshape(n, hp.n_head_kv[il], hp.head_dim_v)
             q = apply_rope(q, cos, sin, self.rope)
             k = apply_rope(k, cos, sin, self.rope)
-            x = x + F.linear(attend(mctx.layer_view(il), q, k, v, scale), L.wo)
+            x = x + L.wo(attend(mctx.layer_view(il), q, k, v, scale))
             if il == hp.n_layer - 1:
                 x = x[torch.from_numpy(ub.output)]  # only output rows need the rest
-            x = x + swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate, L.ffn_up, L.ffn_down)
-        return F.linear(rms_norm(x, self.output_norm, hp.eps), self.output)
+            x = x + swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
+        return self.output(rms_norm(x, self.output_norm, hp.eps))

@@ -41,7 +41,8 @@ def _opt(f: GGUFFile, name: str) -> torch.Tensor | None:
 class MambaModel(RecurrentLM):
     """Weights and forward pass of Mamba-1."""
 
-    def __init__(self, f: GGUFFile, hp: HParams) -> None:
+    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
+        # Every weights mode loads float32 here: "auto" packs only the attention models' linears.
         super().__init__(f, hp.n_layer, hp.eps)
         self.hp = hp
         self.ssm = SSMHParams.from_gguf(f)

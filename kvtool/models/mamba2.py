@@ -90,7 +90,8 @@ class Mamba2Mixer:
 class Mamba2Model(RecurrentLM):
     """Weights and forward pass of Mamba-2 (`ssm.time_step_rank` is the number of heads)."""
 
-    def __init__(self, f: GGUFFile, hp: HParams) -> None:
+    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
+        # Every weights mode loads float32 here: "auto" packs only the attention models' linears.
         super().__init__(f, hp.n_layer, hp.eps)
         self.hp = hp
         self.ssm = s = SSMHParams.from_gguf(f)

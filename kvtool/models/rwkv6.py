@@ -88,7 +88,8 @@ def _load_layer(f: GGUFFile, il: int, n_embd: int) -> RWKV6Layer:
 class RWKV6Model(RWKVModel):
     """Weights and forward pass of the rwkv6 architecture."""
 
-    def __init__(self, f: GGUFFile, hp: HParams) -> None:
+    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
+        # Every weights mode loads float32 here: "auto" packs only the attention models' linears.
         super().__init__(f, hp)
         self.rescale_every_n_layers = self.rwkv.rescale_every_n_layers
         self.layers = [_load_layer(f, il, hp.n_embd) for il in range(hp.n_layer)]

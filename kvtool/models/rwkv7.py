@@ -96,7 +96,8 @@ def _load_layer(f: GGUFFile, il: int, n_embd: int, n_head: int) -> RWKV7Layer:
 class RWKV7Model(RWKVModel):
     """Weights and forward pass of the rwkv7 architecture."""
 
-    def __init__(self, f: GGUFFile, hp: HParams) -> None:
+    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
+        # Every weights mode loads float32 here: "auto" packs only the attention models' linears.
         super().__init__(f, hp)
         self.layers = [_load_layer(f, il, hp.n_embd, self.rwkv.n_head) for il in range(hp.n_layer)]
 

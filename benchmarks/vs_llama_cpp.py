@@ -1,0 +1,213 @@
+"""kvtool beside llama.cpp on the same machine, model and workload shapes; prints the ratios.
+
+    .venv/bin/python benchmarks/vs_llama_cpp.py /path/to/llama.cpp/build [-m smollm2] [-t 2] [-r 2]
+
+The build folder must hold llama-bench, llama-batched-bench and llama-parallel (in bin/ or at
+its top). Each measurement runs both tools back to back, alternating which goes first, `-r`
+rounds, so a change in machine load hits both alike; the table gives each tool's median.
+Measures: tg128 and pp512 (`bench`), S_TG of `batched-bench` at PP 128 / TG 128 for each B of
+`--npl` (split KV, one stream per sequence, as both tools default), `parallel -np 8 -ns 32
+-n 64` total tokens/s, and peak RSS of a tg128 run. llama.cpp is never imported: it is only
+run as a program, and is not a dependency of kvtool.
+
+On parallel: llama-parallel's system transcript (about 300 tokens) is compiled into it; kvtool's
+is shorter, so kvtool gets enough filler turns (`-j`) that its mean prompt length per request
+reaches llama-parallel's, which the table shows beside the speeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KVTOOL = [sys.executable, "-m", "kvtool.commands"]
+
+
+@dataclass
+class Row:
+    name: str
+    kvtool: list[float] = field(default_factory=list)
+    llama: list[float] = field(default_factory=list)
+    note: str = ""
+
+    def line(self) -> str:
+        k = statistics.median(self.kvtool) if self.kvtool else float("nan")
+        c = statistics.median(self.llama) if self.llama else float("nan")
+        ratio = k / c if c else float("nan")
+        return f"| {self.name} | {c:.1f} | {k:.1f} | {ratio:.2f}x | {self.note} |"
+
+
+def run(cmd: list[str], timeout: float = 3600) -> str:
+    """stdout of `cmd` (stderr goes to ours); exits with a one-line error if it fails."""
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=timeout)
+    if p.returncode != 0:
+        sys.exit(f"error: {' '.join(cmd[:4])} ... exited with {p.returncode}")
+    return p.stdout
+
+
+def peak_rss_mb(cmd: list[str]) -> float:
+    """Peak resident set of `cmd` in MB, from GNU time's %M (kilobytes)."""
+    p = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"error: {' '.join(cmd[:4])} ... exited with {p.returncode}")
+    return int(p.stderr.strip().splitlines()[-1]) / 1024
+
+
+def find_tool(build: Path, name: str) -> str:
+    for p in (build / "bin" / name, build / name):
+        if p.is_file():
+            return str(p)
+    sys.exit(f"error: {name} not found in {build} (build llama.cpp with its tools first)")
+
+
+def bench_ts(out: str, n_prompt: int, n_gen: int) -> float:
+    """avg_ts of the test with these sizes in llama-bench/kvtool bench JSON output."""
+    for rec in json.loads(out):
+        if rec["n_prompt"] == n_prompt and rec["n_gen"] == n_gen:
+            return float(rec["avg_ts"])
+    sys.exit(f"error: no pp{n_prompt}/tg{n_gen} result in bench output")
+
+
+def batched_tg(out: str) -> dict[int, float]:
+    """B -> S_TG from batched-bench jsonl output (both tools print the same keys)."""
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return {int(r["pl"]): float(r["speed_tg"]) for r in rows}
+
+
+def llama_parallel(out: str) -> tuple[float, int]:
+    """(total tokens/s, prompt tokens) from llama-parallel's closing lines (its log)."""
+    speed = re.search(r"Total speed \(AVG\):\s+speed:\s+([\d.]+)", out)
+    prompt = re.search(r"Total prompt tokens:\s+(\d+)", out)
+    if not speed or not prompt:
+        sys.exit("error: llama-parallel printed no totals")
+    return float(speed.group(1)), int(prompt.group(1))
+
+
+def alternate(rounds: int, a: Callable[[], None], b: Callable[[], None]) -> None:
+    for i in range(rounds):
+        for f in (a, b) if i % 2 == 0 else (b, a):
+            f()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("build", type=Path, help="llama.cpp build folder (holds bin/llama-bench ...)")
+    ap.add_argument("-m", "--model", default="smollm2", help="known model name or GGUF path")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-r", "--rounds", type=int, default=2, help="alternating rounds per measure")
+    ap.add_argument("--npl", default="16,32", help="batched-bench B values")
+    ap.add_argument("--skip-parallel", action="store_true")
+    a = ap.parse_args()
+
+    gguf = run([*KVTOOL, "models", "path", a.model]).strip() if not a.model.endswith(".gguf") else a.model
+    lb, lbb, lp = (find_tool(a.build, n) for n in ("llama-bench", "llama-batched-bench", "llama-parallel"))
+    t = str(a.threads)
+    rows: list[Row] = []
+
+    tg, pp = Row("tg128 t/s (bench)"), Row("pp512 t/s (bench)")
+
+    def kv_bench() -> None:
+        out = run([*KVTOOL, "bench", "-m", gguf, "-p", "512", "-n", "128", "-t", t, "-r", "3", "-o", "json"])
+        pp.kvtool.append(bench_ts(out, 512, 0))
+        tg.kvtool.append(bench_ts(out, 0, 128))
+
+    def ll_bench() -> None:
+        out = run([lb, "-m", gguf, "-p", "512", "-n", "128", "-t", t, "-r", "3", "-o", "json"])
+        pp.llama.append(bench_ts(out, 512, 0))
+        tg.llama.append(bench_ts(out, 0, 128))
+
+    alternate(a.rounds, kv_bench, ll_bench)
+    rows += [tg, pp]
+
+    npl = [int(x) for x in a.npl.split(",")]
+    bb = {b: Row(f"batched-bench S_TG t/s, PP 128, TG 128, B = {b}") for b in npl}
+    n_ctx = str(max(npl) * 256)
+    common = ["-c", n_ctx, "-b", "2048", "-ub", "512", "-npp", "128", "-ntg", "128", "-npl", a.npl, "-t", t]
+
+    def kv_bb() -> None:
+        for b, s in batched_tg(
+            run([*KVTOOL, "batched-bench", "-m", gguf, *common, "--output-format", "jsonl"])
+        ).items():
+            bb[b].kvtool.append(s)
+
+    def ll_bb() -> None:
+        for b, s in batched_tg(run([lbb, "-m", gguf, *common, "--output-format", "jsonl"])).items():
+            bb[b].llama.append(s)
+
+    alternate(a.rounds, kv_bb, ll_bb)
+    rows += list(bb.values())
+
+    if not a.skip_parallel:
+        par = Row("parallel -np 8 -ns 32 -n 64, total t/s")
+        shape: dict[str, list[int]] = {"kvtool": [], "llama": []}
+        junk = 1
+
+        def ll_par() -> None:
+            p = subprocess.run(
+                [lp, "-m", gguf, "-np", "8", "-ns", "32", "-n", "64", "-t", t, "-c", "8192", "-cb"],
+                capture_output=True,
+                text=True,
+            )
+            speed, n_prompt = llama_parallel(p.stdout + p.stderr)
+            par.llama.append(speed)
+            shape["llama"].append(n_prompt // 32)
+
+        def kv_par() -> None:
+            cmd = [
+                *KVTOOL,
+                "parallel",
+                "-m",
+                gguf,
+                "-np",
+                "8",
+                "-ns",
+                "32",
+                "-n",
+                "64",
+                "-t",
+                t,
+                "-c",
+                "8192",
+            ]
+            out = Path("/tmp/kvtool-vs-llama-parallel.json")
+            run([*cmd, "-j", str(junk), "--no-progress", "--json", str(out)])
+            s = json.loads(out.read_text())
+            par.kvtool.append(float(s["speed_total"]))
+            shape["kvtool"].append(int(s["n_prompt"]) // 32)
+
+        ll_par()  # its prompt length sets kvtool's filler turns
+        for j in range(1, 8):  # the smallest -j whose mean prompt reaches llama-parallel's
+            junk = j
+            kv_par()
+            if shape["kvtool"][-1] >= shape["llama"][0] or j == 7:
+                break
+            par.kvtool.clear()
+            shape["kvtool"].clear()
+        alternate(max(a.rounds - 1, 0), kv_par, ll_par)
+        par.note = (
+            f"prompt tokens per request: llama.cpp {statistics.median(shape['llama']):.0f}, "
+            f"kvtool {statistics.median(shape['kvtool']):.0f} (-j {junk})"
+        )
+        rows.append(par)
+
+    rss = Row("peak RSS MB, bench -p 0 -n 128")
+    rss.kvtool.append(peak_rss_mb([*KVTOOL, "bench", "-m", gguf, "-p", "0", "-n", "128", "-t", t, "-r", "1"]))
+    rss.llama.append(peak_rss_mb([lb, "-m", gguf, "-p", "0", "-n", "128", "-t", t, "-r", "1"]))
+    rows.append(rss)
+
+    print(f"\nmodel {gguf}, {a.threads} threads, {a.rounds} alternating rounds (medians)\n")
+    print("| measure | llama.cpp | kvtool | kvtool / llama.cpp | note |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(r.line())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Linear layers and token embeddings over GGUF weights, in the form the `weights` mode asks for.
+
+`weights="f32"` dequantizes every tensor to float32 at load (the exact path the tiny-model
+oracle tests use). `weights="auto"` keeps each weight that maps exactly onto torch's int4pack
+kernel (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0) packed, and switches by the number of rows:
+the packed GEMV reads 4-8 bits per weight and wins for a few rows (decode); a dense float32
+GEMM wins for many (prompts, large batches), so the dense copy is dequantized on first such use.
+Other formats are dequantized to float32 at load. Activations, residual stream, norms and
+softmax stay float32; only the packed matmul's input goes through bfloat16.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from kvtool.errors import ModelLoadError
+from kvtool.gguf_file import GGUFFile
+from kvtool.kernels.dequant import F32, dequantize
+from kvtool.kernels.int4pack import Int4Packed, int4_groups, int4_linear, n_planes_of, pack, packable
+
+WeightsMode = Literal["auto", "f32"]
+WEIGHTS_MODES: tuple[str, ...] = ("auto", "f32")
+
+# Rows up to which the packed GEMV beats the dense float32 GEMM. Measured on this project's
+# AVX2 machine (SmolLM2's 30 layers of fused shapes, 1 thread, weights far beyond the caches):
+# packed/dense time 0.42 at 1 row, 0.56 at 8, 0.80 at 16, 1.06 at 24 (under a loaded machine,
+# so indicative: see docs/benchmarks.md).
+INT4_MAX_ROWS = 16
+
+
+class Linear(Protocol):
+    """y = x @ W.T (+ b) for x [n, n_in] float32 -> [n, n_out] float32."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class DenseLinear:
+    """A float32 weight (and optional bias) applied with F.linear."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight = weight  # [n_out, n_in]
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class QuantLinear:
+    """Weights kept in int4pack form, stacked along n_out when several share an input (one
+    matmul for Q, K and V); the dense float32 copy is built on the first many-row call."""
+
+    def __init__(self, f: GGUFFile, names: Sequence[str], bias: torch.Tensor | None = None) -> None:
+        self._file, self._names = f, list(names)
+        groups = []
+        for name in names:
+            info = f.tensor_info(name)
+            groups.append(int4_groups(f.tensor_bytes(name), info.qtype, info.shape))  # type: ignore[arg-type]
+        self.packed: Int4Packed = pack(*groups)
+        self.bias = bias
+        self._dense: torch.Tensor | None = None
+
+    def dense(self) -> torch.Tensor:
+        """The float32 weight [n_out, n_in], exactly as `gguf.quants.dequantize` gives it."""
+        if self._dense is None:
+            parts = [self._file.tensor(n) for n in self._names]
+            self._dense = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return self._dense
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > INT4_MAX_ROWS:
+            return F.linear(x, self.dense(), self.bias)
+        y = int4_linear(x, self.packed)
+        return y + self.bias if self.bias is not None else y
+
+
+def check_weights_mode(weights: str) -> None:
+    if weights not in WEIGHTS_MODES:
+        raise ModelLoadError(f"unknown weights mode '{weights}' (one of: {', '.join(WEIGHTS_MODES)})")
+
+
+def load_linear(f: GGUFFile, name: str, weights: str, bias: torch.Tensor | None = None) -> Linear:
+    """The linear layer for GGUF tensor `name` ([n_out, n_in] in numpy order)."""
+    info = f.tensor_info(name)
+    if weights == "auto" and packable(info.qtype, info.shape):
+        return QuantLinear(f, [name], bias)
+    return DenseLinear(f.tensor(name), bias)
+
+
+class LinearGroup:
+    """Several linear layers over one input (Q/K/V, gate/up): one stacked packed matmul whose
+    output is split when every weight packs alike, else one layer each. The float32 mode keeps
+    one F.linear per weight, exactly as before."""
+
+    def __init__(
+        self, f: GGUFFile, names: Sequence[str], weights: str, biases: Sequence[torch.Tensor | None]
+    ) -> None:
+        infos = [f.tensor_info(n) for n in names]
+        self.sizes = [i.shape[0] for i in infos]
+        fuse = weights == "auto" and all(packable(i.qtype, i.shape) for i in infos)
+        fuse = fuse and len({n_planes_of(i.qtype) for i in infos}) == 1
+        self.fused: QuantLinear | None = None
+        self.parts: list[Linear] = []
+        if fuse:
+            bias = None
+            if any(b is not None for b in biases):
+                bias = torch.cat(
+                    [b if b is not None else torch.zeros(n) for b, n in zip(biases, self.sizes, strict=True)]
+                )
+            self.fused = QuantLinear(f, names, bias)
+        else:
+            self.parts = [load_linear(f, n, weights, b) for n, b in zip(names, biases, strict=True)]
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """[n, n_in] -> one [n, n_out_i] per weight, in the order of `names`."""
+        if self.fused is not None:
+            return list(self.fused(x).split(self.sizes, dim=-1))
+        return [p(x) for p in self.parts]
+
+
+class Embedding:
+    """Token embedding rows. With `weights="auto"` only the rows asked for are dequantized (from
+    the memory-mapped file, bit for bit as a full dequantization gives them)."""
+
+    def __init__(self, f: GGUFFile, name: str, weights: str) -> None:
+        info = f.tensor_info(name)
+        self._qtype, self._shape = info.qtype, info.shape
+        lazy = weights == "auto" and info.qtype != F32  # float32 data is a free view of the map
+        self.dense: torch.Tensor | None = None if lazy else f.tensor(name)
+        # [n_vocab, bytes per row]: rows of every GGML type start on block boundaries
+        self._rows = f.tensor_bytes(name).view(info.shape[0], -1)
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [n] int64 -> [n, n_embd] float32."""
+        if self.dense is not None:
+            return self.dense[ids]
+        return dequantize(self._rows[ids], self._qtype, (int(ids.shape[0]), self._shape[1]))
+
+
+def output_linear(f: GGUFFile, weights: str, tok_embd: Embedding) -> Linear:
+    """The output projection; tied to the token embedding when the file has no output.weight."""
+    if f.has_tensor("output.weight"):
+        return load_linear(f, "output.weight", weights)
+    if tok_embd.dense is not None:
+        return DenseLinear(tok_embd.dense)
+    return load_linear(f, "token_embd.weight", weights)
