@@ -23,6 +23,7 @@ from kvtool.memory.recurrent import RecurrentSpec
 from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import GraniteScales, HParams, SSMHParams
 from kvtool.models.layers import RopeParams, apply_rope, attend, rms_norm, swiglu
+from kvtool.models.linear import Linear, LinearGroup, load_linear
 from kvtool.models.mamba2 import Mamba2Layer, Mamba2Mixer
 
 
@@ -63,16 +64,15 @@ class GraniteHybridLayer:
     attn_norm: torch.Tensor  # [n_embd]
     mixer: Mamba2Layer | GraniteAttention
     ffn_norm: torch.Tensor  # [n_embd]
-    ffn_gate: torch.Tensor  # [n_ff, n_embd]
-    ffn_up: torch.Tensor  # [n_ff, n_embd]
-    ffn_down: torch.Tensor  # [n_embd, n_ff]
+    ffn_gate_up: LinearGroup  # gate, up [n_ff, n_embd]
+    ffn_down: Linear  # [n_embd, n_ff]
 
 
 class GraniteHybridModel:
     """Weights and forward pass of granitehybrid (dense feed-forward layers)."""
 
     def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
-        # Every weights mode loads float32 (as the recurrent architectures): no packed path yet.
+        # The feed-forward linears follow the weights mode; the mixers stay float32.
         self.hp = hp
         self.scales = GraniteScales.from_gguf(f)
         self.ssm = s = SSMHParams.from_gguf(f)
@@ -92,9 +92,10 @@ class GraniteHybridModel:
                 attn_norm=f.tensor(f"blk.{il}.attn_norm.weight"),
                 mixer=Mamba2Layer.load(f, il) if self.is_recurrent(il) else GraniteAttention.load(f, il),
                 ffn_norm=f.tensor(f"blk.{il}.ffn_norm.weight"),
-                ffn_gate=f.tensor(f"blk.{il}.ffn_gate.weight"),
-                ffn_up=f.tensor(f"blk.{il}.ffn_up.weight"),
-                ffn_down=f.tensor(f"blk.{il}.ffn_down.weight"),
+                ffn_gate_up=LinearGroup(
+                    f, [f"blk.{il}.ffn_gate.weight", f"blk.{il}.ffn_up.weight"], weights, [None, None]
+                ),
+                ffn_down=load_linear(f, f"blk.{il}.ffn_down.weight", weights),
             )
             for il in range(hp.n_layer)
         ]
@@ -160,7 +161,7 @@ class GraniteHybridModel:
                 out = torch.from_numpy(ub.output)
                 cur, x = cur[out], x[out]
             x = x + (cur * sc.residual if sc.residual else cur)
-            f = swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate, L.ffn_up, L.ffn_down)
+            f = swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
             x = x + (f * sc.residual if sc.residual else f)
         logits = F.linear(rms_norm(x, self.output_norm, hp.eps), self.output)
         return logits / sc.logit if sc.logit else logits

@@ -28,6 +28,7 @@ from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
 from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import HParams
 from kvtool.models.layers import RopeParams, apply_rope, attend, rms_norm, swiglu
+from kvtool.models.linear import Linear, LinearGroup, load_linear
 from kvtool.models.mamba_layers import seq_blocks, store
 
 
@@ -53,12 +54,11 @@ class Lfm2Layer:
     attn_norm: torch.Tensor  # [n_embd]
     mixer: ShortConv | Lfm2Attention
     ffn_norm: torch.Tensor  # [n_embd]
-    ffn_gate: torch.Tensor  # [n_ff, n_embd]
-    ffn_up: torch.Tensor  # [n_ff, n_embd]
-    ffn_down: torch.Tensor  # [n_embd, n_ff]
+    ffn_gate_up: LinearGroup  # gate, up [n_ff, n_embd]
+    ffn_down: Linear  # [n_embd, n_ff]
 
     @classmethod
-    def load(cls, f: GGUFFile, il: int, conv: bool) -> Lfm2Layer:
+    def load(cls, f: GGUFFile, il: int, conv: bool, weights: str) -> Lfm2Layer:
         def t(name: str) -> torch.Tensor:
             return f.tensor(f"blk.{il}.{name}.weight")
 
@@ -69,14 +69,17 @@ class Lfm2Layer:
                 t("attn_q"), t("attn_k"), t("attn_v"), t("attn_output"), t("attn_q_norm"), t("attn_k_norm")
             )
         )
-        return cls(t("attn_norm"), mixer, t("ffn_norm"), t("ffn_gate"), t("ffn_up"), t("ffn_down"))
+        names = [f"blk.{il}.ffn_gate.weight", f"blk.{il}.ffn_up.weight"]
+        gate_up = LinearGroup(f, names, weights, [None, None])
+        down = load_linear(f, f"blk.{il}.ffn_down.weight", weights)
+        return cls(t("attn_norm"), mixer, t("ffn_norm"), gate_up, down)
 
 
 class Lfm2Model:
     """Weights and forward pass of lfm2 (dense feed-forward layers)."""
 
     def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
-        # Every weights mode loads float32 (as the recurrent architectures): no packed path yet.
+        # The feed-forward linears follow the weights mode; the mixers stay float32.
         self.hp = hp
         self.l_cache = int(f.arch_get("shortconv.l_cache"))
         if self.l_cache < 2:
@@ -86,7 +89,7 @@ class Lfm2Model:
         self.tok_embd = f.tensor("token_embd.weight")  # [n_vocab, n_embd]
         self.output_norm = f.tensor("token_embd_norm.weight")  # the final norm, despite its name
         self.output = f.tensor("output.weight") if f.has_tensor("output.weight") else self.tok_embd
-        self.layers = [Lfm2Layer.load(f, il, self.is_recurrent(il)) for il in range(hp.n_layer)]
+        self.layers = [Lfm2Layer.load(f, il, self.is_recurrent(il), weights) for il in range(hp.n_layer)]
         self.rope = RopeParams(n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_freq_scale, neox=True)
         self.kq_scale = 1.0 / math.sqrt(hp.head_dim_k)
 
@@ -147,5 +150,5 @@ class Lfm2Model:
                 out = torch.from_numpy(ub.output)
                 cur, x = cur[out], x[out]
             x = x + cur
-            x = x + swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate, L.ffn_up, L.ffn_down)
+            x = x + swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
         return F.linear(rms_norm(x, self.output_norm, hp.eps), self.output)
