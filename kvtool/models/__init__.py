@@ -12,7 +12,9 @@ from kvtool.gguf_file import GGUFFile
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.spec import MemorySpec
 from kvtool.models.gemma3 import Gemma3Model
+from kvtool.models.granite_hybrid import GraniteHybridModel
 from kvtool.models.hparams import HParams
+from kvtool.models.lfm2 import Lfm2Model
 from kvtool.models.llama import LlamaModel
 from kvtool.models.mamba import MambaModel
 from kvtool.models.mamba2 import Mamba2Model
@@ -34,4 +36,6 @@ ARCHITECTURES: dict[str, Callable[[GGUFFile, HParams, str], Architecture]] = {
     "mamba2": Mamba2Model,
     "rwkv6": RWKV6Model,
     "rwkv7": RWKV7Model,
+    "granitehybrid": GraniteHybridModel,
+    "lfm2": Lfm2Model,
 }

@@ -138,3 +138,21 @@ class SSMHParams:
         if min(hp.d_conv, hp.d_inner, hp.d_state, hp.dt_rank) < 1:
             raise ModelLoadError(f"{f.path.name}: ssm dimensions must be positive")
         return hp
+
+
+@dataclass(frozen=True)
+class GraniteScales:
+    """Granite's scalars (llama.cpp's f_embedding_scale, f_residual_scale, f_logit_scale,
+    f_attention_scale); 0 means absent: no scaling, and 1/sqrt(head_dim) for attention."""
+
+    embedding: float
+    residual: float
+    logit: float
+    attention: float
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile) -> GraniteScales:
+        def get(key: str) -> float:
+            return float(f.arch_get(key, 0.0) or 0.0)
+
+        return cls(get("embedding_scale"), get("residual_scale"), get("logit_scale"), get("attention.scale"))

@@ -30,47 +30,45 @@ class Mamba2Layer:
     norm: torch.Tensor | None  # [n_group, d_inner / n_group]
     ssm_out: torch.Tensor  # [n_embd, d_inner]
 
+    @classmethod
+    def load(cls, f: GGUFFile, il: int) -> Mamba2Layer:
+        return cls(
+            ssm_in=f.tensor(f"blk.{il}.ssm_in.weight"),
+            conv_w=f.tensor(f"blk.{il}.ssm_conv1d.weight"),
+            conv_b=f.tensor(f"blk.{il}.ssm_conv1d.bias"),
+            dt_b=f.tensor(f"blk.{il}.ssm_dt.bias"),
+            A=f.tensor(f"blk.{il}.ssm_a").reshape(-1),
+            D=f.tensor(f"blk.{il}.ssm_d").reshape(-1),
+            norm=f.tensor(f"blk.{il}.ssm_norm.weight") if f.has_tensor(f"blk.{il}.ssm_norm.weight") else None,
+            ssm_out=f.tensor(f"blk.{il}.ssm_out.weight"),
+        )
 
-class Mamba2Model(RecurrentLM):
-    """Weights and forward pass of Mamba-2 (`ssm.time_step_rank` is the number of heads)."""
 
-    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
-        # Every weights mode loads float32 here: "auto" packs only the attention models' linears.
-        super().__init__(f, hp.n_layer, hp.eps)
-        self.hp = hp
-        self.ssm = s = SSMHParams.from_gguf(f)
-        if s.d_inner % s.dt_rank or s.dt_rank % s.n_group:
-            raise ModelLoadError(
-                f"{f.path.name}: ssm.inner_size must split into heads, and heads into groups"
-            )
-        self.n_head = s.dt_rank
-        self.head_dim = s.d_inner // s.dt_rank
-        self.layers = [
-            Mamba2Layer(
-                ssm_in=f.tensor(f"blk.{il}.ssm_in.weight"),
-                conv_w=f.tensor(f"blk.{il}.ssm_conv1d.weight"),
-                conv_b=f.tensor(f"blk.{il}.ssm_conv1d.bias"),
-                dt_b=f.tensor(f"blk.{il}.ssm_dt.bias"),
-                A=f.tensor(f"blk.{il}.ssm_a").reshape(-1),
-                D=f.tensor(f"blk.{il}.ssm_d").reshape(-1),
-                norm=f.tensor(f"blk.{il}.ssm_norm.weight")
-                if f.has_tensor(f"blk.{il}.ssm_norm.weight")
-                else None,
-                ssm_out=f.tensor(f"blk.{il}.ssm_out.weight"),
-            )
-            for il in range(hp.n_layer)
-        ]
+@dataclass(frozen=True)
+class Mamba2Mixer:
+    """The SSD mixer of a Mamba-2 layer (shared with hybrid models that have Mamba-2 layers)."""
 
-    def memory_spec(self) -> RecurrentSpec:
+    ssm: SSMHParams
+    eps: float
+
+    @property
+    def n_head(self) -> int:
+        return self.ssm.dt_rank
+
+    @property
+    def head_dim(self) -> int:
+        return self.ssm.d_inner // self.ssm.dt_rank
+
+    def layer_spec(self) -> RSLayerSpec:
         s = self.ssm
-        spec = RSLayerSpec(
+        return RSLayerSpec(
             conv_shape=(s.d_conv - 1, s.d_inner + 2 * s.n_group * s.d_state),
             ssm_shape=(self.n_head, self.head_dim, s.d_state),
         )
-        return RecurrentSpec({il: spec for il in range(self.hp.n_layer)})
 
-    def block(self, il: int, h: torch.Tensor, ub: UBatch, view: RSView) -> torch.Tensor:
-        s, L = self.ssm, self.layers[il]
+    def __call__(self, L: Mamba2Layer, h: torch.Tensor, ub: UBatch, view: RSView) -> torch.Tensor:
+        """What layer L adds to the residual for the normed rows h [n_tokens, n_embd]."""
+        s = self.ssm
         S, T = ub.n_seqs, ub.n_seq_tokens
         gn = s.n_group * s.d_state
         zxbcdt = seq_blocks(F.linear(h, L.ssm_in), ub)
@@ -87,3 +85,25 @@ class Mamba2Model(RecurrentLM):
         if L.norm is not None:  # RMS norm within each group of channels
             y = rms_norm(y.view(S, T, s.n_group, -1), L.norm, self.eps).reshape(S, T, s.d_inner)
         return F.linear(y, L.ssm_out).reshape(ub.n_tokens, -1)
+
+
+class Mamba2Model(RecurrentLM):
+    """Weights and forward pass of Mamba-2 (`ssm.time_step_rank` is the number of heads)."""
+
+    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
+        # Every weights mode loads float32 here: "auto" packs only the attention models' linears.
+        super().__init__(f, hp.n_layer, hp.eps)
+        self.hp = hp
+        self.ssm = s = SSMHParams.from_gguf(f)
+        if s.d_inner % s.dt_rank or s.dt_rank % s.n_group:
+            raise ModelLoadError(
+                f"{f.path.name}: ssm.inner_size must split into heads, and heads into groups"
+            )
+        self.mixer = Mamba2Mixer(s, hp.eps)
+        self.layers = [Mamba2Layer.load(f, il) for il in range(hp.n_layer)]
+
+    def memory_spec(self) -> RecurrentSpec:
+        return RecurrentSpec({il: self.mixer.layer_spec() for il in range(self.hp.n_layer)})
+
+    def block(self, il: int, h: torch.Tensor, ub: UBatch, view: RSView) -> torch.Tensor:
+        return self.mixer(self.layers[il], h, ub, view)

@@ -1,0 +1,70 @@
+"""Hybrid memory (llama.cpp's llama_memory_hybrid): a KV cache for the attention layers and a
+recurrent memory for the state-space (Mamba-2, short-convolution) layers of one model.
+
+Both parts see every operation, planned on both before either changes (the Composite), so a
+partial `seq_rm` that the recurrent part refuses (it cannot cut a state back without rollback
+snapshots) leaves the KV cache untouched too. Positions are those both parts still hold:
+seq_pos_min = max of the parts' minimums, seq_pos_max = min of their maximums. Batches are cut
+with the stricter split of the two (split KV streams need sequential sequence sets, recurrent
+states equal-length ones). State files hold both parts and load all or nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvtool.memory.base import MemoryPart, MemoryStatus
+from kvtool.memory.composite import Composite, CompositeContext
+from kvtool.memory.swa_kv_cache import SWAKVCache
+
+if TYPE_CHECKING:
+    from kvtool.batch import Split, UBatch
+    from kvtool.memory.recurrent import RecurrentSpec
+    from kvtool.memory.spec import KVSpec, MemoryParams
+
+
+class SWAKVPart(SWAKVCache):
+    """A sliding-window KV pair as the attention part of a hybrid: planned and stepped as one
+    part over the hybrid's split of the batch."""
+
+    @property
+    def split(self) -> Split:
+        return max(p.split for p in self.parts.values())
+
+    def prepare(self, ubatches: list[UBatch]) -> object | None:
+        plans = [p.prepare(ubatches) for p in self.parts.values()]
+        return None if any(plan is None for plan in plans) else plans
+
+    def context(self, ubatches: list[UBatch], plan: object) -> CompositeContext:
+        assert isinstance(plan, list)
+        ctxs = {name: p.context(ubatches, pl) for (name, p), pl in zip(self.parts.items(), plan, strict=True)}
+        return CompositeContext(ctxs, self._route, MemoryStatus.SUCCESS)
+
+
+class HybridMemory(Composite):
+    """Parts "recurrent" then "attn": the recurrent part is asked first, as llama.cpp does (its
+    refusals are the usual ones); cells in use are the attention part's."""
+
+    kind = "hybrid"
+
+    def __init__(self, attn: MemoryPart, recurrent: MemoryPart) -> None:
+        super().__init__({"recurrent": recurrent, "attn": attn})
+        self.attn = attn
+        self.recurrent = recurrent
+
+    def n_used(self) -> int:
+        return self.attn.n_used()
+
+
+@dataclass(frozen=True)
+class HybridSpec:
+    """The attention layers (a KVSpec) and the recurrent layers (a RecurrentSpec) of a model."""
+
+    attn: KVSpec
+    recurrent: RecurrentSpec
+
+    def build(self, params: MemoryParams) -> HybridMemory:
+        attn = self.attn.build(params)
+        part: MemoryPart = SWAKVPart(attn.base, attn.swa) if isinstance(attn, SWAKVCache) else attn
+        return HybridMemory(part, self.recurrent.build(params))

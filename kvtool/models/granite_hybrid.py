@@ -1,0 +1,167 @@
+"""The `granitehybrid` architecture (IBM Granite 4.0-H): Mamba-2 layers and attention layers
+(a layer with `head_count_kv` 0 is Mamba-2), each followed by a SwiGLU feed-forward, with
+Granite's scalars: embeddings times embedding_scale, each block output times residual_scale
+before its residual add, attention scaled by attention.scale, logits divided by logit_scale
+(llama.cpp's llm_build_granite_hybrid). RoPE (NORM) only when `rope.scaling.finetuned` is not
+false: Granite uses that key as the switch for rope."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kvtool.batch import UBatch
+from kvtool.errors import ModelLoadError
+from kvtool.gguf_file import GGUFFile
+from kvtool.memory.base import MemoryContext
+from kvtool.memory.hybrid import HybridSpec
+from kvtool.memory.kv_cache import KVLayerSpec
+from kvtool.memory.recurrent import RecurrentSpec
+from kvtool.memory.spec import KVSpec
+from kvtool.models.hparams import GraniteScales, HParams, SSMHParams
+from kvtool.models.layers import RopeParams, apply_rope, attend, rms_norm, swiglu
+from kvtool.models.linear import Linear, LinearGroup, load_linear
+from kvtool.models.mamba2 import Mamba2Layer, Mamba2Mixer
+
+
+def _opt(f: GGUFFile, name: str) -> torch.Tensor | None:
+    return f.tensor(name) if f.has_tensor(name) else None
+
+
+@dataclass
+class GraniteAttention:
+    wq: torch.Tensor  # [n_head * hd, n_embd]
+    wk: torch.Tensor  # [n_head_kv * hd, n_embd]
+    wv: torch.Tensor  # [n_head_kv * hd, n_embd]
+    wo: torch.Tensor  # [n_embd, n_head * hd]
+    bq: torch.Tensor | None
+    bk: torch.Tensor | None
+    bv: torch.Tensor | None
+    bo: torch.Tensor | None
+
+    @classmethod
+    def load(cls, f: GGUFFile, il: int) -> GraniteAttention:
+        def t(name: str, kind: str = "weight") -> torch.Tensor | None:
+            return _opt(f, f"blk.{il}.{name}.{kind}")
+
+        return cls(
+            wq=f.tensor(f"blk.{il}.attn_q.weight"),
+            wk=f.tensor(f"blk.{il}.attn_k.weight"),
+            wv=f.tensor(f"blk.{il}.attn_v.weight"),
+            wo=f.tensor(f"blk.{il}.attn_output.weight"),
+            bq=t("attn_q", "bias"),
+            bk=t("attn_k", "bias"),
+            bv=t("attn_v", "bias"),
+            bo=t("attn_output", "bias"),
+        )
+
+
+@dataclass
+class GraniteHybridLayer:
+    attn_norm: torch.Tensor  # [n_embd]
+    mixer: Mamba2Layer | GraniteAttention
+    ffn_norm: torch.Tensor  # [n_embd]
+    ffn_gate_up: LinearGroup  # gate, up [n_ff, n_embd]
+    ffn_down: Linear  # [n_embd, n_ff]
+
+
+class GraniteHybridModel:
+    """Weights and forward pass of granitehybrid (dense feed-forward layers)."""
+
+    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
+        # The feed-forward linears follow the weights mode; the mixers stay float32.
+        self.hp = hp
+        self.scales = GraniteScales.from_gguf(f)
+        self.ssm = s = SSMHParams.from_gguf(f)
+        if s.d_inner % s.dt_rank or s.dt_rank % s.n_group:
+            raise ModelLoadError(
+                f"{f.path.name}: ssm.inner_size must split into heads, and heads into groups"
+            )
+        if any(f.has_tensor(f"blk.{il}.ffn_gate_inp.weight") for il in range(hp.n_layer)):
+            raise ModelLoadError(f"{f.path.name}: granitehybrid mixture-of-experts layers are not supported")
+        self.mamba = Mamba2Mixer(s, hp.eps)
+        self.tok_embd = f.tensor("token_embd.weight")  # [n_vocab, n_embd]
+        self.output_norm = f.tensor("output_norm.weight")
+        out = _opt(f, "output.weight")
+        self.output: torch.Tensor = self.tok_embd if out is None else out
+        self.layers = [
+            GraniteHybridLayer(
+                attn_norm=f.tensor(f"blk.{il}.attn_norm.weight"),
+                mixer=Mamba2Layer.load(f, il) if self.is_recurrent(il) else GraniteAttention.load(f, il),
+                ffn_norm=f.tensor(f"blk.{il}.ffn_norm.weight"),
+                ffn_gate_up=LinearGroup(
+                    f, [f"blk.{il}.ffn_gate.weight", f"blk.{il}.ffn_up.weight"], weights, [None, None]
+                ),
+                ffn_down=load_linear(f, f"blk.{il}.ffn_down.weight", weights),
+            )
+            for il in range(hp.n_layer)
+        ]
+        use_rope = bool(f.arch_get("rope.scaling.finetuned", True))
+        self.rope = (
+            RopeParams(n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_freq_scale, neox=False)
+            if use_rope
+            else None
+        )
+        self.kq_scale = self.scales.attention or 1.0 / math.sqrt(hp.head_dim_k)
+
+    def is_recurrent(self, il: int) -> bool:
+        return self.hp.n_head_kv[il] == 0
+
+    def memory_spec(self) -> HybridSpec:
+        hp = self.hp
+        attn = {
+            il: KVLayerSpec(hp.n_head_kv[il], hp.head_dim_k, hp.head_dim_v)
+            for il in range(hp.n_layer)
+            if not self.is_recurrent(il)
+        }
+        recr = {il: self.mamba.layer_spec() for il in range(hp.n_layer) if self.is_recurrent(il)}
+        return HybridSpec(KVSpec(attn, shift=self.rope_shift), RecurrentSpec(recr))
+
+    def rope_shift(self, il: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """Re-rotate cached K rows [n, n_head_kv, hd] by position deltas [n] (nothing without rope)."""
+        if self.rope is None:
+            return k
+        cos, sin = self.rope.cos_sin(delta)
+        return apply_rope(k, cos, sin, self.rope)
+
+    def _attention(
+        self,
+        il: int,
+        A: GraniteAttention,
+        h: torch.Tensor,
+        rot: tuple[torch.Tensor, torch.Tensor] | None,
+        mctx: MemoryContext,
+    ) -> torch.Tensor:
+        hp, n = self.hp, h.shape[0]
+        q = F.linear(h, A.wq, A.bq).view(n, hp.n_head, hp.head_dim_k)
+        k = F.linear(h, A.wk, A.bk).view(n, hp.n_head_kv[il], hp.head_dim_k)
+        v = F.linear(h, A.wv, A.bv).view(n, hp.n_head_kv[il], hp.head_dim_v)
+        if self.rope is not None and rot is not None:
+            q = apply_rope(q, *rot, self.rope)
+            k = apply_rope(k, *rot, self.rope)
+        return F.linear(attend(mctx.layer_view(il), q, k, v, self.kq_scale), A.wo, A.bo)
+
+    def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
+        """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
+        hp, sc = self.hp, self.scales
+        x = self.tok_embd[torch.from_numpy(ub.token)]  # [n_tokens, n_embd]
+        if sc.embedding:
+            x = x * sc.embedding
+        rot = self.rope.cos_sin(torch.from_numpy(ub.pos)) if self.rope is not None else None
+        for il, L in enumerate(self.layers):
+            h = rms_norm(x, L.attn_norm, hp.eps)
+            if isinstance(L.mixer, Mamba2Layer):
+                cur = self.mamba(L.mixer, h, ub, mctx.layer_view(il))
+            else:
+                cur = self._attention(il, L.mixer, h, rot, mctx)
+            if il == hp.n_layer - 1:  # only output rows need the rest
+                out = torch.from_numpy(ub.output)
+                cur, x = cur[out], x[out]
+            x = x + (cur * sc.residual if sc.residual else cur)
+            f = swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
+            x = x + (f * sc.residual if sc.residual else f)
+        logits = F.linear(rms_norm(x, self.output_norm, hp.eps), self.output)
+        return logits / sc.logit if sc.logit else logits

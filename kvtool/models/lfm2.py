@@ -1,0 +1,154 @@
+"""The `lfm2` architecture (Liquid LFM2): short-convolution layers and attention layers (a layer
+with `head_count_kv` 0 is a convolution), each followed by a SwiGLU feed-forward
+(llama.cpp's llm_build_lfm2).
+
+A short-convolution layer projects the normed input to B, C and x, convolves B*x over time with
+a depthwise kernel of `shortconv.l_cache` taps (its state: the last l_cache - 1 inputs), gates
+the result with C and projects it out. Attention layers norm q and k per head and rotate them
+with NEOX RoPE. The final norm's tensor is named `token_embd_norm.weight`; the output head is
+tied to the embeddings unless `output.weight` exists.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kvtool.batch import UBatch
+from kvtool.errors import ModelLoadError
+from kvtool.gguf_file import GGUFFile
+from kvtool.kernels.short_conv import short_conv
+from kvtool.memory.base import MemoryContext
+from kvtool.memory.hybrid import HybridSpec
+from kvtool.memory.kv_cache import KVLayerSpec
+from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
+from kvtool.memory.spec import KVSpec
+from kvtool.models.hparams import HParams
+from kvtool.models.layers import RopeParams, apply_rope, attend, rms_norm, swiglu
+from kvtool.models.linear import Linear, LinearGroup, load_linear
+from kvtool.models.mamba_layers import seq_blocks, store
+
+
+@dataclass
+class ShortConv:
+    in_proj: torch.Tensor  # [3 * n_embd, n_embd]: B, C, x
+    conv: torch.Tensor  # [n_embd, l_cache]
+    out_proj: torch.Tensor  # [n_embd, n_embd]
+
+
+@dataclass
+class Lfm2Attention:
+    wq: torch.Tensor  # [n_head * hd, n_embd]
+    wk: torch.Tensor  # [n_head_kv * hd, n_embd]
+    wv: torch.Tensor  # [n_head_kv * hd, n_embd]
+    wo: torch.Tensor  # [n_embd, n_head * hd]
+    q_norm: torch.Tensor  # [hd]
+    k_norm: torch.Tensor  # [hd]
+
+
+@dataclass
+class Lfm2Layer:
+    attn_norm: torch.Tensor  # [n_embd]
+    mixer: ShortConv | Lfm2Attention
+    ffn_norm: torch.Tensor  # [n_embd]
+    ffn_gate_up: LinearGroup  # gate, up [n_ff, n_embd]
+    ffn_down: Linear  # [n_embd, n_ff]
+
+    @classmethod
+    def load(cls, f: GGUFFile, il: int, conv: bool, weights: str) -> Lfm2Layer:
+        def t(name: str) -> torch.Tensor:
+            return f.tensor(f"blk.{il}.{name}.weight")
+
+        mixer: ShortConv | Lfm2Attention = (
+            ShortConv(t("shortconv.in_proj"), t("shortconv.conv"), t("shortconv.out_proj"))
+            if conv
+            else Lfm2Attention(
+                t("attn_q"), t("attn_k"), t("attn_v"), t("attn_output"), t("attn_q_norm"), t("attn_k_norm")
+            )
+        )
+        names = [f"blk.{il}.ffn_gate.weight", f"blk.{il}.ffn_up.weight"]
+        gate_up = LinearGroup(f, names, weights, [None, None])
+        down = load_linear(f, f"blk.{il}.ffn_down.weight", weights)
+        return cls(t("attn_norm"), mixer, t("ffn_norm"), gate_up, down)
+
+
+class Lfm2Model:
+    """Weights and forward pass of lfm2 (dense feed-forward layers)."""
+
+    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
+        # The feed-forward linears follow the weights mode; the mixers stay float32.
+        self.hp = hp
+        self.l_cache = int(f.arch_get("shortconv.l_cache"))
+        if self.l_cache < 2:
+            raise ModelLoadError(f"{f.path.name}: shortconv.l_cache must be at least 2")
+        if int(f.arch_get("attention.sliding_window", 0) or 0) > 0:
+            raise ModelLoadError(f"{f.path.name}: lfm2 with sliding-window attention is not supported")
+        self.tok_embd = f.tensor("token_embd.weight")  # [n_vocab, n_embd]
+        self.output_norm = f.tensor("token_embd_norm.weight")  # the final norm, despite its name
+        self.output = f.tensor("output.weight") if f.has_tensor("output.weight") else self.tok_embd
+        self.layers = [Lfm2Layer.load(f, il, self.is_recurrent(il), weights) for il in range(hp.n_layer)]
+        self.rope = RopeParams(n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_freq_scale, neox=True)
+        self.kq_scale = 1.0 / math.sqrt(hp.head_dim_k)
+
+    def is_recurrent(self, il: int) -> bool:
+        return self.hp.n_head_kv[il] == 0
+
+    def memory_spec(self) -> HybridSpec:
+        hp = self.hp
+        attn = {
+            il: KVLayerSpec(hp.n_head_kv[il], hp.head_dim_k, hp.head_dim_v)
+            for il in range(hp.n_layer)
+            if not self.is_recurrent(il)
+        }
+        # the convolution is the whole state: no SSM part
+        conv = RSLayerSpec(conv_shape=(self.l_cache - 1, hp.n_embd), ssm_shape=(0,))
+        recr = {il: conv for il in range(hp.n_layer) if self.is_recurrent(il)}
+        return HybridSpec(KVSpec(attn, shift=self.rope_shift), RecurrentSpec(recr))
+
+    def rope_shift(self, il: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """Re-rotate cached K rows [n, n_head_kv, hd] by position deltas [n]."""
+        cos, sin = self.rope.cos_sin(delta)
+        return apply_rope(k, cos, sin, self.rope)
+
+    def _short_conv(self, L: ShortConv, h: torch.Tensor, ub: UBatch, view: RSView) -> torch.Tensor:
+        b, c, x = seq_blocks(F.linear(h, L.in_proj), ub).chunk(3, dim=-1)  # [n_seqs, T, n_embd] each
+        y, states = short_conv(view.conv, b * x, L.conv, None, view.n_states)
+        store(view, states, states.new_zeros(*states.shape[:2], 0))
+        return F.linear(c * y, L.out_proj).reshape(ub.n_tokens, -1)
+
+    def _attention(
+        self,
+        il: int,
+        A: Lfm2Attention,
+        h: torch.Tensor,
+        rot: tuple[torch.Tensor, torch.Tensor],
+        mctx: MemoryContext,
+    ) -> torch.Tensor:
+        hp, n = self.hp, h.shape[0]
+        q = F.linear(h, A.wq).view(n, hp.n_head, hp.head_dim_k)
+        k = F.linear(h, A.wk).view(n, hp.n_head_kv[il], hp.head_dim_k)
+        v = F.linear(h, A.wv).view(n, hp.n_head_kv[il], hp.head_dim_v)
+        q = apply_rope(rms_norm(q, A.q_norm, hp.eps), *rot, self.rope)
+        k = apply_rope(rms_norm(k, A.k_norm, hp.eps), *rot, self.rope)
+        return F.linear(attend(mctx.layer_view(il), q, k, v, self.kq_scale), A.wo)
+
+    def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
+        """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
+        hp = self.hp
+        x = self.tok_embd[torch.from_numpy(ub.token)]  # [n_tokens, n_embd]
+        rot = self.rope.cos_sin(torch.from_numpy(ub.pos))
+        for il, L in enumerate(self.layers):
+            h = rms_norm(x, L.attn_norm, hp.eps)
+            if isinstance(L.mixer, ShortConv):
+                cur = self._short_conv(L.mixer, h, ub, mctx.layer_view(il))
+            else:
+                cur = self._attention(il, L.mixer, h, rot, mctx)
+            if il == hp.n_layer - 1:  # only output rows need the rest
+                out = torch.from_numpy(ub.output)
+                cur, x = cur[out], x[out]
+            x = x + cur
+            x = x + swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
+        return F.linear(rms_norm(x, self.output_norm, hp.eps), self.output)
