@@ -24,6 +24,7 @@ from kvtool.errors import (
     TokenizerError,
 )
 from kvtool.generate import ContextFullError, Generation, TextStream, Timings, decode_tokens, generate
+from kvtool.kv_dims import KVDims, read_kv_dims
 from kvtool.memory.base import MemoryStatus
 from kvtool.model import Model, load_model
 from kvtool.parallel import Client, ParallelParams, ParallelSim, ParallelSummary, RequestRecord
@@ -52,6 +53,7 @@ __all__ = [
     "DecodeError",
     "Generation",
     "HttpParallelSim",
+    "KVDims",
     "KvtoolError",
     "MemoryStatus",
     "Model",
@@ -86,6 +88,7 @@ __all__ = [
     "model_desc",
     "model_path",
     "parse_int_list",
+    "read_kv_dims",
     "read_prompts",
     "resolve_model",
     "run_bench_test",

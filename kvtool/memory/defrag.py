@@ -63,8 +63,10 @@ def apply_defrag_moves(cells: KVCells, moves: np.ndarray) -> None:
     empties the sources; the K/V rows must be moved the same way."""
     if not len(moves):
         return
-    src = np.concatenate([np.arange(s, s + n) for s, _, n in moves])
-    dst = np.concatenate([np.arange(d, d + n) for _, d, n in moves])
+    lens = moves[:, 2]
+    step = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)  # offset in its block
+    src = np.repeat(moves[:, 0], lens) + step
+    dst = np.repeat(moves[:, 1], lens) + step
     for a in (cells.pos, cells.seq, cells.shift):
         a[dst] = a[src]
     cells.pos[src] = EMPTY
