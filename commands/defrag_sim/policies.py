@@ -38,8 +38,10 @@ class Policy:
 
 def free_runs(free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Starts and ends (exclusive) of the runs of True in `free`."""
-    d = np.diff(np.concatenate(([0], free.view(np.int8), [0])))
-    return np.flatnonzero(d == 1), np.flatnonzero(d == -1)
+    edges = np.flatnonzero(free[1:] != free[:-1]) + 1  # where a run starts or ends
+    bounds = np.concatenate(([0], edges, [len(free)]))
+    first = 0 if len(free) and free[0] else 1  # runs alternate: free ones every other
+    return bounds[first:-1:2], bounds[first + 1 :: 2]
 
 
 def _fill(starts: np.ndarray, ends: np.ndarray, n: int, count: int) -> np.ndarray:
@@ -162,7 +164,12 @@ class CellStream:
             return []
         self.stats.failed_allocs += 1
         dropped = []
-        if len(parts) > 1:  # retry each sequence's part alone, like a server halving its batch
+        if len(parts) > 1 and m == len(parts):  # one token each: the searches for one cell at once
+            got = self.slots(1, m)
+            if len(got):
+                self._apply(got[:, 0], parts[: len(got)])
+            dropped = [s for s, _, _ in parts[len(got) :]]
+        elif len(parts) > 1:  # retry each sequence's part alone, like a server halving its batch
             for part in parts:
                 one = self.slots(part[2], 1)
                 if len(one):

@@ -45,7 +45,7 @@ class SimResult:
     used: np.ndarray  # [n_steps] cells holding tokens
     nkv: np.ndarray  # [n_steps] attended cells (the used span per stream, or whole pages)
     capacity: int
-    map_steps: np.ndarray  # [n_map] the steps of the cell map's columns
+    map_steps: np.ndarray  # [n_map] the cell map's columns: the cells after these steps' ops
     cell_map: np.ndarray  # [n_map, capacity] owner per cell: seq, -1 free, -2 page tail
     compacted_at: list[int] = field(default_factory=list)
 
@@ -158,7 +158,7 @@ def _replay(
                 drop(t, st.place(t, ub))
 
     for op in ops:
-        while i_map < len(map_steps) and map_steps[i_map] <= op.t:
+        while i_map < len(map_steps) and map_steps[i_map] < op.t:  # the state after step m
             cell_map[i_map] = st.owners()
             i_map += 1
         if isinstance(op, Free):
