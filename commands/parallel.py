@@ -32,6 +32,7 @@ from kvtool import (
 )
 from kvtool.commands import app
 from kvtool.commands.common import KvUnifiedOpt, ModelOpt, SwaFullOpt, load_model_with_status
+from kvtool.commands.defrag_sim.trace import TraceRecorder
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
@@ -141,6 +142,10 @@ def parallel(
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the summary and every request here.")
     ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option("--trace", help="Record KV allocations and frees (JSON lines, for defrag-sim)."),
+    ] = None,
 ) -> None:
     """Simulate clients sending requests to a server (llama-parallel)."""
     if n_parallel < 1 or n_sequences < 0:
@@ -161,6 +166,9 @@ def parallel(
         n_parallel, n_sequences, n_predict, cont_batching, pps, junk, prompts=prompts, sampler=sp
     )
     sim: Sim
+    rec: TraceRecorder | None = None
+    if server is not None and trace is not None:
+        raise typer.BadParameter("records a local run, not --server", param_hint="--trace")
     if server is not None:
         sim = HttpParallelSim(server, params, model=model, timeout=timeout)
         where = f"{server} (model '{model}')"
@@ -179,7 +187,8 @@ def parallel(
         with warnings.catch_warnings():  # the geometry (n_ctx_seq) is printed below
             warnings.simplefilter("ignore")
             ctx = kvtool.Context(m, cp)
-        sim = ParallelSim(ctx, params)
+        rec = TraceRecorder(trace, ctx) if trace is not None else None
+        sim = ParallelSim(rec.wrap(ctx) if rec is not None else ctx, params)
         where = str(m.path)
         out.print("parallel: simulating parallel requests from clients:")
         out.print(
@@ -207,6 +216,8 @@ def parallel(
             summary = sim.run(_started, lambda r: _finished(r, n_sequences), _missed)
         else:
             summary = sim.run(on_finish=lambda r: _finished(r, n_sequences))
+    if rec is not None:
+        rec.close()
     failed = [r for r in summary.records if r.stop == "error"]
     _summary(summary, str(file) if file else "used built-in defaults", where, len(failed))
     if json_out is not None:

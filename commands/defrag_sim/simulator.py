@@ -155,7 +155,9 @@ def _replay(
         if ps:
             st.before_decode(t)
             for ub in _ubatches(ps, n_ub):
-                drop(t, st.place(t, ub))
+                ub = [p for p in ub if p[0] not in dropped]  # dropped by an earlier ubatch
+                if ub:
+                    drop(t, st.place(t, ub))
 
     for op in ops:
         while i_map < len(map_steps) and map_steps[i_map] < op.t:  # the state after step m

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
-from kvtool import Batch, Context
+from kvtool import Batch, Context, KvtoolError
 from kvtool.commands.defrag_sim.workload import Copy, Decode, Free, Op, Run, Workload
 
 VERSION = 1
@@ -27,7 +27,10 @@ class TraceRecorder:
     recorded (a failed decode is rolled back by the engine, so it allocated nothing)."""
 
     def __init__(self, path: Path, ctx: Context) -> None:
-        self._f: IO[str] = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        try:
+            self._f: IO[str] = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        except OSError as e:
+            raise KvtoolError(f"cannot write the trace {path}: {e.strerror}") from None
         self._unified = ctx.params.kv_unified
         self.step = 0
         self._write(
@@ -50,13 +53,13 @@ class TraceRecorder:
     def decoded(self, batch: Batch) -> None:
         """Records a successful decode: per sequence, its run of tokens (a token shared by
         several sequences is recorded under its first)."""
-        runs: list[list[int]] = []  # [seq, first pos, n_tokens]
+        runs: list[list[int]] = []  # [seq, first pos (-1: the memory's next), n_tokens]
         for pos, seqs in zip(batch.pos, batch.seq_ids, strict=True):
-            s = int(seqs[0])
-            if runs and runs[-1][0] == s and runs[-1][1] + runs[-1][2] == pos:
+            s, p = int(seqs[0]), -1 if pos is None else int(pos)
+            if runs and runs[-1][0] == s and (p < 0 or runs[-1][1] + runs[-1][2] == p):
                 runs[-1][2] += 1
             else:
-                runs.append([s, int(pos), 1])
+                runs.append([s, p, 1])
         for s, p0, n in runs:
             self._event("alloc", s, pos=p0, n_tokens=n)
         self.step += 1
@@ -162,7 +165,10 @@ def read_trace(path: Path) -> tuple[Workload, dict[str, Any]]:
     if parts:
         ops.append(Decode(step, tuple(parts)))
     merged = merge_runs(ops)
-    n_steps = step + 1 if step >= 0 else 0
+    n_steps = max(
+        (op.t + (op.k if isinstance(op, Run) else 1) for op in merged if not isinstance(op, Free | Copy)),
+        default=0,
+    )
     return Workload(tuple(merged), n_steps, int(header["n_seq"]), n_requests, f"trace {path.name}"), header
 
 
