@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtool.commands.defrag_sim.series import Stats, Track
+from kvtool.commands.defrag_sim.slots import contiguous_slots_near, first_free_near
 from kvtool.memory.defrag import apply_defrag, plan_defrag
 from kvtool.memory.kv_cells import EMPTY, KVCells, seq_bit
 
@@ -36,58 +37,12 @@ class Policy:
         return self.name in ("contiguous", "threshold", "on-fail")
 
 
-def free_runs(free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Starts and ends (exclusive) of the runs of True in `free`."""
-    edges = np.flatnonzero(free[1:] != free[:-1]) + 1  # where a run starts or ends
-    bounds = np.concatenate(([0], edges, [len(free)]))
-    first = 0 if len(free) and free[0] else 1  # runs alternate: free ones every other
-    return bounds[first:-1:2], bounds[first + 1 :: 2]
-
-
-def _fill(starts: np.ndarray, ends: np.ndarray, n: int, count: int) -> np.ndarray:
-    """Starts of up to `count` slots of n cells packed into the runs, in run order."""
-    cap = (ends - starts) // n
-    cum = np.cumsum(cap)
-    if len(cum) and cum[-1] > count:
-        last = int(np.searchsorted(cum, count))
-        cap[last] -= cum[last] - count
-        cap[last + 1 :] = 0
-        cum = np.cumsum(cap)
-    k = int(cum[-1]) if len(cum) else 0
-    return np.repeat(starts, cap) + n * (np.arange(k) - np.repeat(cum - cap, cap))
-
-
-def contiguous_slots(free: np.ndarray, head: int, n: int, count: int) -> np.ndarray:
-    """Starts of up to `count` successive slots of n free cells, as `count` first-fit searches
-    would place them: from the head to the end (a slot never wraps), then from cell 0; each
-    search starts where the previous slot ended. Fewer than `count` when the cells run out."""
-    starts, ends = free_runs(free)
-    after = ends > head
-    s1, e1 = np.maximum(starts[after], head), ends[after]
-    out = _fill(s1, e1, n, count)
-    if len(out) == count or head == 0:  # head 0: the first search went over every cell
-        return out
-    # wrapped: from cell 0 on what is left before the head (a run holding the head keeps its
-    # part before the head, or all of it when nothing fitted after the head)
-    s2, e2 = starts[starts < head], np.minimum(ends[starts < head], head)
-    if len(e2) and ends[len(e2) - 1] > head and (ends[len(e2) - 1] - head) < n:
-        e2[-1] = ends[len(e2) - 1]
-    return np.concatenate((out, _fill(s2, e2, n, count - len(out))))
-
-
-def first_free(free: np.ndarray, head: int, m: int) -> np.ndarray:
-    """The first m free cells from the head, wrapping (KVCells.find_slot without a window);
-    the caller knows that m cells are free."""
-    a = np.flatnonzero(free[head:]) + head
-    if len(a) >= m:
-        return a[:m]
-    return np.concatenate((a, np.flatnonzero(free[:head])[: m - len(a)]))
-
-
 class CellStream:
     """One stream of cells under a cell policy; counts into `stats`, reports to `track`.
-    Cells in use and the used span are kept up to date here (numpy passes over the whole
-    stream at every step would dominate the replay)."""
+
+    The cells are a KVCells; beside it this keeps what a replay asks for at every op, so no op
+    passes over the whole stream: the free mask, cells in use, the used span, and each
+    sequence's cells (a whole-sequence seq_rm then touches only those)."""
 
     def __init__(self, size: int, policy: Policy, stats: Stats, track: Track) -> None:
         self.cells = KVCells(size)
@@ -96,12 +51,10 @@ class CellStream:
         self.stats = stats
         self.track = track
         self.compacted_at: list[int] = []
+        self.free_mask = np.ones(size, dtype=bool)
+        self.where: dict[int, list[np.ndarray]] = {}  # seq -> the cells it was placed in
         self.used = 0
         self.span = 0  # one past the last used cell
-
-    def _recount(self) -> None:
-        u = np.flatnonzero(self.cells.pos != EMPTY)
-        self.used, self.span = len(u), int(u[-1]) + 1 if len(u) else 0
 
     def _report(self, t: int) -> None:
         self.track.set(t, self.used, self.span)
@@ -121,13 +74,12 @@ class CellStream:
         Non-contiguous: one search for j * n cells, which is where j searches of n would put
         them, except that llama.cpp's head reset is checked once instead of j times."""
         c = self.cells
-        free = c.pos == EMPTY
         if not self.policy.contiguous:
             j = min(count, (c.size - self.used) // n)
             head = 0 if c.head > self.used + 2 * j * n else c.head
-            return first_free(free, head, j * n).reshape(j, n)
+            return first_free_near(self.free_mask, head, j * n).reshape(j, n)
         head = 0 if c.head > self.used + 2 * n else c.head
-        return contiguous_slots(free, head, n, count).reshape(-1, 1) + np.arange(n)
+        return contiguous_slots_near(self.free_mask, head, n, count).reshape(-1, 1) + np.arange(n)
 
     def compact(self, t: int) -> bool:
         plan = plan_defrag(self.cells, self.policy.max_moves)
@@ -139,6 +91,13 @@ class CellStream:
         st.moves += plan.n_moves
         st.cells_moved += plan.n_cells
         apply_defrag(self.cells, plan)
+        dest = np.arange(self.size)  # where each cell's content went
+        for moves in plan.passes:
+            lens = moves[:, 2]
+            off = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+            dest[np.repeat(moves[:, 0], lens) + off] = np.repeat(moves[:, 1], lens) + off
+        self.where = {s: [dest[np.concatenate(w)]] for s, w in self.where.items()}
+        self.free_mask = self.cells.pos == EMPTY
         self.span = self.used
         self.compacted_at.append(t)
         self._report(t)
@@ -183,8 +142,14 @@ class CellStream:
 
     def _apply(self, idx: np.ndarray, parts: list[tuple[int, int, int]]) -> None:
         seq, p0, n = (np.array(a, dtype=np.int64) for a in zip(*parts, strict=True))
-        pos = np.repeat(p0 - (np.cumsum(n) - n), n) + np.arange(len(idx))
-        self.cells.apply(idx, pos, np.repeat(BITS[seq], n))
+        first = np.cumsum(n) - n
+        self.cells.apply(idx, np.repeat(p0 - first, n) + np.arange(len(idx)), np.repeat(BITS[seq], n))
+        for s, f, k in zip(seq.tolist(), first.tolist(), n.tolist(), strict=True):
+            self.where.setdefault(s, []).append(idx[f : f + k])
+        self._taken(idx)
+
+    def _taken(self, idx: np.ndarray) -> None:
+        self.free_mask[idx] = False
         self.used += len(idx)
         self.span = max(self.span, int(idx.max()) + 1)
 
@@ -198,20 +163,39 @@ class CellStream:
             return 0
         p = pos[seqs][None, :] + np.arange(j)[:, None]  # [j, n]
         self.cells.apply(got.ravel(), p.ravel(), np.tile(BITS[seqs], j))
-        used = self.used + n * (np.arange(j) + 1)
-        nkv = np.maximum(self.span, np.maximum.accumulate(got.max(axis=1)) + 1)
-        self.used, self.span = int(used[-1]), int(nkv[-1])
-        self.track.steps(t, used, nkv)
+        for i, s in enumerate(seqs):
+            self.where.setdefault(s, []).append(got[:, i])
+        span0 = self.span
+        self._taken(got.ravel())
+        used = self.used - n * (j - 1 - np.arange(j))
+        self.track.steps(t, used, np.maximum(span0, np.maximum.accumulate(got.max(axis=1)) + 1))
         return j
 
     # -- sequence ops ---------------------------------------------------------------------------
     def free(self, t: int, seq: int) -> None:
-        self.cells.seq_rm(seq, 0, np.iinfo(np.int64).max)
-        self._recount()
+        """seq_rm(seq, -1, -1) on the sequence's own cells (KVCells.seq_rm's semantics)."""
+        w = self.where.pop(seq, None)
+        if w:
+            c = self.cells
+            idx = np.concatenate(w)
+            c.seq[idx] &= ~BITS[seq]
+            gone = idx[c.seq[idx] == 0]
+            if len(gone):
+                c.pos[gone] = EMPTY
+                c.shift[gone] = 0
+                c.head = min(c.head, int(gone.min()))
+                self.free_mask[gone] = True
+                self.used -= len(gone)
+                if int(gone.max()) + 1 == self.span:
+                    u = np.flatnonzero(~self.free_mask[: self.span])
+                    self.span = int(u[-1]) + 1 if len(u) else 0
         self._report(t)
 
     def share(self, t: int, src: int, dst: int) -> None:
         """seq_cp inside one stream: the cells gain the sequence (metadata only)."""
-        c = self.cells
-        c.seq[c.has_seq(src)] |= BITS[dst]
+        w = self.where.get(src)
+        if w:
+            idx = np.concatenate(w)
+            self.cells.seq[idx] |= BITS[dst]
+            self.where.setdefault(dst, []).append(idx)
         self._report(t)

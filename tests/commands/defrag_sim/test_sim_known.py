@@ -167,3 +167,41 @@ def test_split_streams_replay_each_sequence_alone(name: str) -> None:
     assert r.stats.failed_allocs == 0 and r.used.tolist() == tok.sum(axis=1).tolist()
     if name != "paged":  # one sequence per stream, freed whole: no holes, nothing to compact
         assert r.nkv.tolist() == r.used.tolist() and r.stats.compactions == 0
+
+
+@pytest.mark.parametrize("name", ["non-contiguous", "on-fail", "threshold"])
+def test_stream_bookkeeping_matches_kvcells(name: str) -> None:
+    """The stream's own free path, counters and per-sequence cells against KVCells' seq_rm and
+    plain counts, after every op of a busy unified replay with copies and compactions."""
+    from kvtool.commands.defrag_sim.policies import CellStream
+    from kvtool.commands.defrag_sim.series import Series, Stats
+
+    w = _workload(7, clients=8)
+    st = CellStream(1024, Policy(name, defrag_thold=0.2, max_moves=5), Stats(), Series(w.n_steps).track())
+    pos = np.zeros(8, dtype=np.int64)
+    for op in w.ops:
+        if isinstance(op, Free):
+            ref = st.cells.copy()
+            ref.seq_rm(op.seq, 0, 1 << 62)
+            st.free(op.t, op.seq)
+            assert np.array_equal(ref.pos, st.cells.pos) and np.array_equal(ref.seq, st.cells.seq)
+            assert ref.head == st.cells.head
+            pos[op.seq] = 0
+            if op.seq == 3 and 5 in st.where:
+                st.share(op.t, 5, 3)  # seq 3 now shares seq 5's cells (freed with the next free of 3)
+        elif isinstance(op, Decode):
+            st.before_decode(op.t)
+            st.place(op.t, [(s, int(pos[s]), n) for s, n in op.parts])
+            for s, n in op.parts:
+                pos[s] += n
+        elif isinstance(op, Run):
+            st.before_decode(op.t)
+            j = st.run(op.t, list(op.seqs), pos, op.k)
+            pos[list(op.seqs)] += j
+        used = np.flatnonzero(st.cells.pos != -1)
+        assert st.used == len(used) and st.span == (int(used[-1]) + 1 if len(used) else 0)
+        assert np.array_equal(st.free_mask, st.cells.pos == -1)
+        for s, cells in st.where.items():
+            idx = np.concatenate(cells) if cells else np.empty(0, np.int64)
+            assert sorted(idx.tolist()) == np.flatnonzero(st.cells.has_seq(s)).tolist()
+    assert name == "non-contiguous" or st.stats.compactions > 0

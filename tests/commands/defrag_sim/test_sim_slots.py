@@ -8,7 +8,13 @@ import random
 import numpy as np
 import pytest
 
-from kvtool.commands.defrag_sim.policies import contiguous_slots, first_free, free_runs
+from kvtool.commands.defrag_sim.slots import (
+    contiguous_slots,
+    contiguous_slots_near,
+    first_free,
+    first_free_near,
+    free_runs,
+)
 from kvtool.memory.kv_cells import KVCells
 
 
@@ -72,3 +78,17 @@ def test_free_runs() -> None:
     assert s.tolist() == [0, 3, 6] and e.tolist() == [2, 4, 7]
     s, e = free_runs(np.zeros(3, dtype=bool))
     assert s.tolist() == [] and e.tolist() == []
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_searches_near_the_head_find_what_the_whole_search_finds(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(1, 5000))
+    free = rng.random(size) < rng.choice([0.05, 0.5, 0.95])
+    head, n, count = int(rng.integers(size)), int(rng.integers(1, 40)), int(rng.integers(1, 30))
+    assert (
+        contiguous_slots_near(free, head, n, count).tolist()
+        == contiguous_slots(free, head, n, count).tolist()
+    )
+    m = int(rng.integers(0, free.sum() + 1))
+    assert first_free_near(free, head, m).tolist() == first_free(free, head, m).tolist()
