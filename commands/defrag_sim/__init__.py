@@ -110,15 +110,15 @@ def defrag_sim(
     )
     cost = _cost(model, copy_bw)
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     per_seq = None if kv_unified else split_ops(w)
     n_map = 240 if plot is not None else 0
     results: list[SimResult] = [
         simulate(w, Policy(p, defrag_thold, max_moves, page_size), geo, n_map, per_seq) for p in names
     ]
-    dt = time.perf_counter() - t0
     print(
-        f"defrag-sim: {w.n_requests} requests, {w.n_steps} decode steps, {len(names)} policies in {dt:.2f} s",
+        f"defrag-sim: {w.n_requests} requests, {w.n_steps} decode steps, {len(names)} policies in "
+        f"{time.perf_counter() - t0:.2f} s ({time.process_time() - c0:.2f} s CPU)",
         file=sys.stderr,
     )
 

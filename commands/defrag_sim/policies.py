@@ -143,10 +143,16 @@ class CellStream:
     def _apply(self, idx: np.ndarray, parts: list[tuple[int, int, int]]) -> None:
         seq, p0, n = (np.array(a, dtype=np.int64) for a in zip(*parts, strict=True))
         first = np.cumsum(n) - n
-        self.cells.apply(idx, np.repeat(p0 - first, n) + np.arange(len(idx)), np.repeat(BITS[seq], n))
+        self._put(idx, np.repeat(p0 - first, n) + np.arange(len(idx)), np.repeat(BITS[seq], n))
         for s, f, k in zip(seq.tolist(), first.tolist(), n.tolist(), strict=True):
             self.where.setdefault(s, []).append(idx[f : f + k])
         self._taken(idx)
+
+    def _put(self, idx: np.ndarray, pos: np.ndarray, bits: np.ndarray) -> None:
+        """KVCells.apply on free cells (its sliding-window reuse never applies here)."""
+        c = self.cells
+        c.pos[idx], c.seq[idx], c.shift[idx] = pos, bits, 0
+        c.head = int(idx[-1]) + 1 if int(idx[-1]) + 1 < c.size else 0
 
     def _taken(self, idx: np.ndarray) -> None:
         self.free_mask[idx] = False
@@ -162,7 +168,7 @@ class CellStream:
         if not j:
             return 0
         p = pos[seqs][None, :] + np.arange(j)[:, None]  # [j, n]
-        self.cells.apply(got.ravel(), p.ravel(), np.tile(BITS[seqs], j))
+        self._put(got.ravel(), p.ravel(), np.tile(BITS[seqs], j))
         for i, s in enumerate(seqs):
             self.where.setdefault(s, []).append(got[:, i])
         span0 = self.span

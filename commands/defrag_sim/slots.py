@@ -16,6 +16,9 @@ def free_runs(free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _fill(starts: np.ndarray, ends: np.ndarray, n: int, count: int) -> np.ndarray:
     """Starts of up to `count` slots of n cells packed into the runs, in run order."""
+    if count == 1:  # one ubatch (most searches): the first run that holds it
+        i = np.flatnonzero(ends - starts >= n)[:1]
+        return starts[i]
     cap = (ends - starts) // n
     cum = np.cumsum(cap)
     if len(cum) and cum[-1] > count:
