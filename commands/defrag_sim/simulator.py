@@ -8,6 +8,7 @@ even alone has its request dropped (cells freed, its later tokens skipped until 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -198,8 +199,15 @@ def _ubatches(parts: list[tuple[int, int, int]], n_ubatch: int) -> list[list[tup
 
 
 def _run(
-    st: Stream, t: int, seqs: list[int], k: int, pos: np.ndarray, dropped: set[int], place, n_ub
-) -> None:  # type: ignore[no-untyped-def]
+    st: Stream,
+    t: int,
+    seqs: list[int],
+    k: int,
+    pos: np.ndarray,
+    dropped: set[int],
+    place: Callable[[int, list[tuple[int, int]]], None],
+    n_ub: int,
+) -> None:
     """k steps of one token per sequence on one stream: as many at once as fit, then the
     failing step through `place` (compaction, one-by-one retry, drops), and on."""
     end = t + k
