@@ -72,5 +72,5 @@ def plot(results: list[SimResult], path: Path, title: str) -> None:
     axes[-1][1].set_xlabel("decode step")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
