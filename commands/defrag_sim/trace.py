@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kvtool import Batch, Context, KvtoolError
-from kvtool.commands.defrag_sim.workload import Copy, Decode, Free, Op, Run, Workload
+from kvtool.commands.defrag_sim.workload import Copy, Decode, Free, Op, Run, Workload, op_end
 
 VERSION = 1
 
@@ -165,10 +165,7 @@ def read_trace(path: Path) -> tuple[Workload, dict[str, Any]]:
     if parts:
         ops.append(Decode(step, tuple(parts)))
     merged = merge_runs(ops)
-    n_steps = max(
-        (op.t + (op.k if isinstance(op, Run) else 1) for op in merged if not isinstance(op, Free | Copy)),
-        default=0,
-    )
+    n_steps = max((op_end(op) for op in merged), default=0)
     return Workload(tuple(merged), n_steps, int(header["n_seq"]), n_requests, f"trace {path.name}"), header
 
 

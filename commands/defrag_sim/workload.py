@@ -123,11 +123,12 @@ def synthetic(p: SyntheticParams) -> Workload:
     ops = _schedule(p.clients, prompt.tolist(), gen.tolist(), arrive.tolist())
     name = f"synthetic: {p.clients} clients, {p.requests} requests, {p.arrival} arrivals"
     name += f", prompt {p.prompt.kind}:{p.prompt.mean}, gen {p.gen.kind}:{p.gen.mean}, seed {p.seed}"
-    n_steps = max((_end(op) for op in ops), default=0)
+    n_steps = max((op_end(op) for op in ops), default=0)
     return Workload(tuple(ops), n_steps, p.clients, p.requests, name)
 
 
-def _end(op: Op) -> int:
+def op_end(op: Op) -> int:
+    """The step after the op's last decode (its own step for a free or a copy)."""
     return op.t + op.k if isinstance(op, Run) else op.t + 1 if isinstance(op, Decode) else op.t
 
 

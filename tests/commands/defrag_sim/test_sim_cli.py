@@ -166,3 +166,25 @@ def test_parallel_trace_replays(tiny_llama_path: Path, tmp_path: Path, unified: 
     assert done["kv"].startswith("unified" if unified else "split: 3 streams")
     assert all(p["failed_allocs"] == 0 for p in done["policies"])
     assert n_sys > 0 and decoded > n_sys and sum(isinstance(op, Copy) for op in w.ops) >= 4
+
+
+@pytest.mark.parametrize(
+    ("extra", "msg"),
+    [
+        (["--trace", "/nonexistent/dir/t.jsonl"], "cannot write the trace"),
+        (["--trace", "t.jsonl", "--server", "http://127.0.0.1:9"], "records a local run"),
+    ],
+)
+def test_parallel_trace_errors_are_one_line(
+    tiny_llama_path: Path,
+    extra: list[str],
+    msg: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["kvtool", "parallel", "--no-progress", "-m", str(tiny_llama_path), "-ns", "1", "-n", "2", *extra]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1].startswith("error: ") and msg in err[-1], err
