@@ -5,6 +5,7 @@ from kvtool.batch import Batch, DecodeError
 from kvtool.context import Context, ContextParams
 from kvtool.decode import ContextFullError, decode_batch, decode_tokens, resume_seq
 from kvtool.errors import KvtoolError, ModelFetchError, ModelLoadError, StateError
+from kvtool.kv_dims import KVDims, read_kv_dims
 from kvtool.memory.base import MemoryStatus
 from kvtool.model import Model, load_model
 from kvtool.registry import DEFAULT_MODEL, KNOWN_MODELS, fetch_model, is_present, model_path, resolve_model
@@ -21,6 +22,7 @@ __all__ = [
     "ContextParams",
     "ConversationStore",
     "DecodeError",
+    "KVDims",
     "KvtoolError",
     "MemoryStatus",
     "Model",
@@ -38,6 +40,7 @@ __all__ = [
     "is_present",
     "load_model",
     "model_path",
+    "read_kv_dims",
     "resolve_model",
     "resume_seq",
     "set_n_threads",

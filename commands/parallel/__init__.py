@@ -20,6 +20,7 @@ from rich.text import Text
 
 import kvtool
 from kvtool.commands import app, common
+from kvtool.commands.defrag_sim.trace import TraceRecorder
 from kvtool.commands.parallel.http import HttpParallelSim
 from kvtool.commands.parallel.prompts import QUESTIONS, read_prompts
 from kvtool.commands.parallel.sim import Client, ParallelParams, ParallelSim, ParallelSummary, RequestRecord
@@ -134,6 +135,10 @@ def parallel(
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the summary and every request here.")
     ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option("--trace", help="Record KV allocations and frees (JSON lines, for defrag-sim)."),
+    ] = None,
 ) -> None:
     """Simulate clients sending requests to a server (llama-parallel)."""
     if n_parallel < 1 or n_sequences < 0:
@@ -154,6 +159,9 @@ def parallel(
         n_parallel, n_sequences, n_predict, cont_batching, pps, junk, prompts=prompts, sampler=sp
     )
     sim: Sim
+    rec: TraceRecorder | None = None
+    if server is not None and trace is not None:
+        raise typer.BadParameter("records a local run, not --server", param_hint="--trace")
     if server is not None:
         sim = HttpParallelSim(server, params, model=model, timeout=timeout)
         where = f"{server} (model '{model}')"
@@ -167,7 +175,8 @@ def parallel(
             ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v
         )
         ctx = common.make_context(m, cp, None)
-        sim = ParallelSim(ctx, params)
+        rec = TraceRecorder(trace, ctx) if trace is not None else None
+        sim = ParallelSim(rec.wrap(ctx) if rec is not None else ctx, params)
         where = str(m.path)
         out.print("parallel: simulating parallel requests from clients:")
         out.print(
@@ -195,6 +204,8 @@ def parallel(
             summary = sim.run(_started, lambda r: _finished(r, n_sequences), _missed)
         else:
             summary = sim.run(on_finish=lambda r: _finished(r, n_sequences))
+    if rec is not None:
+        rec.close()
     failed = [r for r in summary.records if r.stop == "error"]
     _summary(summary, str(file) if file else "used built-in defaults", where, len(failed))
     if json_out is not None:
