@@ -7,6 +7,8 @@ from kvtool.decode import ContextFullError, decode_batch, decode_tokens, resume_
 from kvtool.errors import KvtoolError, ModelFetchError, ModelLoadError, StateError
 from kvtool.kv_dims import KVDims, read_kv_dims
 from kvtool.memory.base import MemoryStatus
+from kvtool.memory.defrag import apply_defrag, plan_defrag
+from kvtool.memory.kv_cells import KVCells
 from kvtool.model import Model, load_model
 from kvtool.registry import DEFAULT_MODEL, KNOWN_MODELS, fetch_model, is_present, model_path, resolve_model
 from kvtool.sampling import Sampler, SamplerParams
@@ -22,6 +24,7 @@ __all__ = [
     "ContextParams",
     "ConversationStore",
     "DecodeError",
+    "KVCells",
     "KVDims",
     "KvtoolError",
     "MemoryStatus",
@@ -33,6 +36,7 @@ __all__ = [
     "SeqInfo",
     "StateError",
     "StateInfo",
+    "apply_defrag",
     "decode_batch",
     "decode_tokens",
     "fetch_model",
@@ -40,6 +44,7 @@ __all__ = [
     "is_present",
     "load_model",
     "model_path",
+    "plan_defrag",
     "read_kv_dims",
     "resolve_model",
     "resume_seq",

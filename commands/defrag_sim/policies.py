@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvtool import KVCells, apply_defrag, plan_defrag
 from kvtool.commands.defrag_sim.series import Stats, Track
 from kvtool.commands.defrag_sim.slots import contiguous_slots_near, first_free_near
-from kvtool.memory.defrag import apply_defrag, plan_defrag
-from kvtool.memory.kv_cells import EMPTY, KVCells, seq_bit
 
-BITS = np.array([seq_bit(s) for s in range(64)], dtype=np.uint64)  # sequence id -> its bit
+EMPTY = KVCells.EMPTY
+BITS = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))  # sequence id -> its bit
 POLICIES = ("non-contiguous", "contiguous", "threshold", "on-fail", "paged")
 
 

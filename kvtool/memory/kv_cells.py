@@ -37,6 +37,8 @@ class SWAParams:
 class KVCells:
     """The cells of one stream."""
 
+    EMPTY = EMPTY  # the position of an empty cell
+
     def __init__(self, size: int) -> None:
         self.size = size
         self.pos = np.full(size, EMPTY, dtype=np.int64)  # [size]
