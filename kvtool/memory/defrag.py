@@ -17,6 +17,56 @@ import numpy as np
 
 from kvtool.memory.kv_cells import EMPTY, KVCells
 
+DEFAULT_MAX_MOVES = 256  # block moves per pass (defrag-sim's --max-moves default)
+DEFRAG_KINDS = ("none", "threshold", "on-fail")
+
+
+@dataclass(frozen=True)
+class DefragPolicy:
+    """When the engine compacts a KV stream. none: never (non-contiguous slots, llama.cpp
+    today); threshold: contiguous slots, and each memory update compacts a stream whose holes
+    inside its used span exceed `thold` of that span (llama.cpp's old --defrag-thold);
+    on-fail: contiguous slots, and a batch that finds none compacts and tries once more
+    (ollama). Compaction runs in passes of at most `max_moves` block moves."""
+
+    kind: str = "none"
+    thold: float = 0.0
+    max_moves: int = DEFAULT_MAX_MOVES
+
+    def __post_init__(self) -> None:
+        if self.kind not in DEFRAG_KINDS:
+            raise ValueError(f"unknown defrag policy '{self.kind}' (none, threshold=F, on-fail)")
+        if self.max_moves < 1:
+            raise ValueError("max_moves must be >= 1")
+
+    @property
+    def contiguous(self) -> bool:
+        """Whether a ubatch needs one run of free cells per stream (the compacting policies)."""
+        return self.kind != "none"
+
+    @classmethod
+    def parse(cls, text: str, max_moves: int = DEFAULT_MAX_MOVES) -> DefragPolicy:
+        """ "none", "threshold=F" (F in [0, 1)) or "on-fail"."""
+        kind, _, arg = text.partition("=")
+        if kind == "threshold":
+            try:
+                thold = float(arg)
+            except ValueError:
+                raise ValueError(f"threshold needs a fraction, as threshold=0.1, got '{text}'") from None
+            if not 0.0 <= thold < 1.0:
+                raise ValueError(f"the defrag threshold must be in [0, 1), got {thold}")
+            return cls("threshold", thold, max_moves)
+        if arg:
+            raise ValueError(f"unknown defrag policy '{text}' (none, threshold=F, on-fail)")
+        return cls(kind, 0.0, max_moves)
+
+    def wants(self, cells: KVCells) -> bool:
+        """The threshold check: holes inside the used span above `thold` of the span."""
+        if self.kind != "threshold":
+            return False
+        span = cells.used_max_p1()
+        return span > 0 and 1.0 - cells.n_used() / span > self.thold
+
 
 @dataclass(frozen=True)
 class DefragPlan:
