@@ -102,10 +102,10 @@ class Context:
         alloc = BatchAllocator(batch, self.model.n_vocab, self.params.n_seq_max, self.memory)
         self.update()
         mctx = self.memory.init_batch(alloc, self.n_ubatch)
-        if mctx.status == MemoryStatus.FAILED_PREPARE and self.defrag.kind == "on-fail":
+        on_fail = mctx.status == MemoryStatus.FAILED_PREPARE and self.defrag.kind == "on-fail"
+        if on_fail and self.update(optimize=True):
             # ollama: no contiguous slot, so compact every stream and search once more
-            if self.update(optimize=True):
-                mctx = self.memory.init_batch(alloc, self.n_ubatch)
+            mctx = self.memory.init_batch(alloc, self.n_ubatch)
         if mctx.status != MemoryStatus.SUCCESS:
             raise DecodeError(
                 f"no room in the KV cache for {alloc.n_tokens} tokens "
