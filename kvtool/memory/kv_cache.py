@@ -318,4 +318,3 @@ class KVShiftContext(UpdateContext):
             for il, k in cache.k.items():
                 rows = k[s].index_select(0, ti)
                 k[s].index_copy_(0, ti, cache.shift_fn(il, rows.float(), delta).to(k.dtype))
-        return True
