@@ -120,6 +120,8 @@ def parallel(
     kv_unified: common.KvUnifiedOpt = False,
     type_k: common.TypeKOpt = "f32",
     type_v: common.TypeVOpt = "f32",
+    defrag_thold: common.DefragTholOpt = None,
+    defrag: common.DefragOpt = None,
     pps: Annotated[
         bool, typer.Option("-pps", help="Decode the system prompt once and seq_cp it to every client.")
     ] = False,
@@ -172,7 +174,15 @@ def parallel(
         # sequence 0 holds the system prompt; the geometry (n_ctx_seq) is printed below
         n_seq_max = n_parallel + 1
         cp = common.context_params(
-            ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v
+            ctx_size,
+            batch_size,
+            ubatch_size,
+            n_seq_max,
+            kv_unified,
+            swa_full,
+            type_k,
+            type_v,
+            common.defrag_setting(defrag_thold, defrag),
         )
         ctx = common.make_context(m, cp, None)
         rec = TraceRecorder(trace, ctx) if trace is not None else None

@@ -51,6 +51,8 @@ def run(
     kv_unified: common.KvUnifiedOpt = False,
     type_k: common.TypeKOpt = "f32",
     type_v: common.TypeVOpt = "f32",
+    defrag_thold: common.DefragTholOpt = None,
+    defrag: common.DefragOpt = None,
     verbose: Annotated[
         bool, typer.Option("-v", "--verbose", help="Model, template and context details.")
     ] = False,
@@ -76,7 +78,15 @@ def run(
         m.use_chat_template(jinja=True)
     n_seq_max = parallel or (4 if store is not None else 1)
     cp = common.context_params(
-        ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v
+        ctx_size,
+        batch_size,
+        ubatch_size,
+        n_seq_max,
+        kv_unified,
+        swa_full,
+        type_k,
+        type_v,
+        common.defrag_setting(defrag_thold, defrag),
     )
     ctx = common.make_context(m, cp, err)
     sp = kvtool.SamplerParams(
