@@ -104,7 +104,9 @@ class Context:
         mctx = self.memory.init_batch(alloc, self.n_ubatch)
         on_fail = mctx.status == MemoryStatus.FAILED_PREPARE and self.defrag.kind == "on-fail"
         if on_fail and self.update(optimize=True):
-            # ollama: no contiguous slot, so compact every stream and search once more
+            # ollama: no contiguous slot, so compact every stream and search once more (a new
+            # allocator: the failed search consumed the first one's split)
+            alloc = BatchAllocator(batch, self.model.n_vocab, self.params.n_seq_max, self.memory)
             mctx = self.memory.init_batch(alloc, self.n_ubatch)
         if mctx.status != MemoryStatus.SUCCESS:
             raise DecodeError(

@@ -102,7 +102,15 @@ def test_swa_full_and_kv_modes_agree_on_gemma3() -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["run", "-n", "abc"], ["nosuchcommand"], ["run", "-c", "-5", "-p", "x"], ["bench", "-p", "abc"]],
+    [
+        ["run", "-n", "abc"],
+        ["nosuchcommand"],
+        ["run", "-c", "-5", "-p", "x"],
+        ["bench", "-p", "abc"],
+        ["run", "-p", "x", "--defrag", "sometimes"],
+        ["run", "-p", "x", "--defrag-thold", "0.1", "--defrag", "on-fail"],
+        ["run", "-p", "x", "--defrag-thold", "1.5"],
+    ],
 )
 def test_bad_values_are_one_line(args: list[str], tiny_llama_path: Path) -> None:
     r = run([*args, "-m", str(tiny_llama_path)] if args[0] != "nosuchcommand" else args)
