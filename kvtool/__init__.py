@@ -3,7 +3,7 @@ API (what llama.h is to llama.cpp's tools): the commands import nothing else."""
 
 from kvtool.batch import Batch, DecodeError
 from kvtool.context import Context, ContextParams
-from kvtool.decode import ContextFullError, decode_batch, decode_tokens, resume_seq
+from kvtool.decode import ContextFullError, context_shift, decode_batch, decode_tokens, resume_seq
 from kvtool.errors import KvtoolError, ModelFetchError, ModelLoadError, StateError
 from kvtool.kv_dims import KVDims, read_kv_dims
 from kvtool.memory.base import MemoryStatus
@@ -37,6 +37,7 @@ __all__ = [
     "StateError",
     "StateInfo",
     "apply_defrag",
+    "context_shift",
     "decode_batch",
     "decode_tokens",
     "fetch_model",

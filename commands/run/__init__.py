@@ -44,6 +44,16 @@ def run(
     ignore_eos: Annotated[
         bool, typer.Option("--ignore-eos", help="Never stop at end-of-generation tokens.")
     ] = False,
+    context_shift: Annotated[
+        bool,
+        typer.Option(
+            "--context-shift", help="When the context fills, discard half of it (after --keep) and go on."
+        ),
+    ] = False,
+    keep: Annotated[
+        int,
+        typer.Option("--keep", help="Tokens of the prompt a context shift keeps (after the BOS; -1: all)."),
+    ] = 0,
     jinja: Annotated[
         bool, typer.Option("--jinja", help="Render the GGUF's own Jinja chat template.")
     ] = False,
@@ -101,7 +111,15 @@ def run(
 
     def new_session(seq: int) -> ChatSession:
         sampler = kvtool.Sampler(sp)
-        return ChatSession(ctx, sampler, system, seq, use_template=not no_chat, ignore_eos=ignore_eos)
+        return ChatSession(
+            ctx,
+            sampler,
+            system,
+            seq,
+            use_template=not no_chat,
+            ignore_eos=ignore_eos,
+            keep=keep if context_shift else None,
+        )
 
     keeper = _Keeper(ctx, new_session, session_file, store, conversation)
     if verbose:

@@ -39,7 +39,9 @@ def chat_section(info: kvtool.StateInfo) -> dict[str, Any]:
 
 class ChatSession:
     """Messages plus the token ids of `seq` held in the memory. `ignore_eos` bans
-    end-of-generation tokens (llama.cpp's --ignore-eos)."""
+    end-of-generation tokens (llama.cpp's --ignore-eos). `keep` turns on llama.cpp's
+    --context-shift: a reply that fills the context keeps its first `keep` tokens (and the
+    BOS, as llama.cpp; < 0: the whole prompt), discards half of the rest and goes on."""
 
     def __init__(
         self,
@@ -49,8 +51,12 @@ class ChatSession:
         seq: int = 0,
         use_template: bool = True,
         ignore_eos: bool = False,
+        keep: int | None = None,
     ) -> None:
+        if keep is not None and not ctx.memory.can_shift():
+            raise kvtool.KvtoolError("--context-shift: this model's memory cannot shift positions")
         self.ctx = ctx
+        self.keep = keep
         self.sampler = sampler
         self.system = system
         self.seq = seq
@@ -117,6 +123,7 @@ class ChatSession:
             self.seq,
             self.timings,
             ignore_eos=self.ignore_eos,
+            n_keep=self._n_keep(),
         )
         tail = stream.flush()
         if tail:
@@ -125,11 +132,22 @@ class ChatSession:
                 on_text(tail)
         # The memory holds every generated token but the last one sampled (decoded next turn).
         said, n_held = self.cached + gen.tokens, self.ctx.memory.seq_pos_max(self.seq) + 1
+        for k, d in gen.shifts:  # the positions each context shift discarded
+            said = said[:k] + said[k + d :]
         self.cached, self.pending = said[:n_held], said[n_held:]
         text = "".join(parts)
         if self.use_template:
             self.messages.append({"role": "assistant", "content": text})
         return text, gen
+
+    def _n_keep(self) -> int | None:
+        """Positions a context shift keeps: `keep` tokens after the BOS (llama.cpp's n_keep)."""
+        if self.keep is None:
+            return None
+        if self.keep < 0:  # llama.cpp: the whole prompt
+            return len(self.cached)
+        bos = self.ctx.model.vocab.bos
+        return min(self.keep + int(bool(self.cached) and self.cached[0] == bos), len(self.cached))
 
     # -- saving and resuming --------------------------------------------------------------------
     def _state_args(self) -> dict[str, Any]:
