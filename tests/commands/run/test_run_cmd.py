@@ -117,3 +117,24 @@ def test_bad_values_are_one_line(args: list[str], tiny_llama_path: Path) -> None
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert len([x for x in r.stderr.splitlines() if x.strip()]) == 1
     assert r.stderr.startswith("error: ")
+
+
+def test_context_shift_generates_past_the_context(tiny_llama_path: Path) -> None:
+    base = [
+        "run",
+        "-m",
+        str(tiny_llama_path),
+        "-c",
+        "256",
+        "--ignore-eos",
+        "--temp",
+        "0",
+        "-p",
+        "hello world",
+    ]
+    shifted = run([*base, "-n", "600", "--context-shift"])
+    assert shifted.returncode == 0, shifted.stderr
+    assert "generation: 600 tokens" in shifted.stderr and "context full" not in shifted.stderr
+    off = run([*base, "-n", "600"])
+    assert off.returncode == 0, off.stderr
+    assert "context full (n_ctx = 256)" in off.stderr and "generation: 600 tokens" not in off.stderr
