@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import kvtool
-from kvtool.commands.common.generate import Generation, TextStream, Timings, generate
+from kvtool.commands.common.generate import Generation, TextStream, Timings, generate, shift_context
 
 
 def chat_section(info: kvtool.StateInfo) -> dict[str, Any]:
@@ -73,6 +73,7 @@ class ChatSession:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
         self.ctx.memory.seq_rm(self.seq, -1, -1)
         self.cached, self.pending = [], []
+        self.shifted = False  # a context shift dropped tokens: `cached` is no rendering's prefix
         self.sampler.reset()
 
     def prompt_tokens(self) -> list[int]:
@@ -88,9 +89,16 @@ class ChatSession:
         if self.use_template:
             self.messages.append({"role": "user", "content": user_text})
             tokens = self.prompt_tokens()
+            # a shifted memory matches no rendering, and a turn that will need a shift must
+            # extend the memory: then append the template's new text to what the memory holds
+            append = self.shifted or (self.keep is not None and len(tokens) > self.ctx.n_ctx_seq)
+            tail = self._turn_tail() if append else None
+            if tail is not None:
+                tokens = self.cached + self.pending + tail
         else:
             said = self.cached + self.pending  # raw text continues after the whole reply
             tokens = said + self.ctx.model.tokenize(user_text, add_special=not said, parse_special=False)
+        tokens = self._shift_to_fit(tokens)
         t0 = time.perf_counter()
         try:
             kept, logits = kvtool.resume_seq(self.ctx, self.seq, tokens, self.cached)
@@ -134,11 +142,43 @@ class ChatSession:
         said, n_held = self.cached + gen.tokens, self.ctx.memory.seq_pos_max(self.seq) + 1
         for k, d in gen.shifts:  # the positions each context shift discarded
             said = said[:k] + said[k + d :]
+        self.shifted = self.shifted or bool(gen.shifts)
         self.cached, self.pending = said[:n_held], said[n_held:]
         text = "".join(parts)
         if self.use_template:
             self.messages.append({"role": "assistant", "content": text})
         return text, gen
+
+    def _turn_tail(self) -> list[int] | None:
+        """The tokens the template puts after the last reply, up to the new generation prompt
+        (end of turn, the user's message...), or None when the template does not render the
+        reply verbatim (then the whole conversation is decoded again)."""
+        msgs = self.messages
+        if len(msgs) < 2 or msgs[-2]["role"] != "assistant":
+            return None
+        model = self.ctx.model
+        base = model.apply_chat_template(msgs[:-2], add_generation_prompt=True) + msgs[-2]["content"]
+        full = model.apply_chat_template(msgs, add_generation_prompt=True)
+        if not full.startswith(base):
+            return None
+        return model.tokenize(full[len(base) :], add_special=False, parse_special=True)
+
+    def _shift_to_fit(self, tokens: list[int]) -> list[int]:
+        """With a context shift, a turn that extends the memory but does not fit shifts it
+        (halving what follows the kept tokens until it fits); returns the turn's tokens."""
+        n_ctx, n_keep = self.ctx.n_ctx_seq, self._n_keep()
+        n_held = len(self.cached)
+        if n_keep is None or len(tokens) <= n_ctx or tokens[:n_held] != self.cached:
+            return tokens
+        while len(tokens) > n_ctx:
+            n_discard = shift_context(self.ctx, self.seq, n_held, n_keep)
+            if not n_discard:
+                break  # resume_seq says it does not fit
+            tokens = tokens[:n_keep] + tokens[n_keep + n_discard :]
+            self.cached = self.cached[:n_keep] + self.cached[n_keep + n_discard :]
+            n_held -= n_discard
+            self.shifted = True
+        return tokens
 
     def _n_keep(self) -> int | None:
         """Positions a context shift keeps: `keep` tokens after the BOS (llama.cpp's n_keep)."""
@@ -180,5 +220,6 @@ class ChatSession:
         self.system = chat.get("system")
         self.messages = [dict(m) for m in chat["messages"]]
         self.cached, self.pending = list(info.tokens() or []), []
+        self.shifted = False
         info.restore_sampler(self.sampler)
         return info

@@ -122,3 +122,22 @@ def test_context_shift_on_a_memory_that_cannot_shift_is_refused(tmp_path: Path) 
     with pytest.raises(kvtool.KvtoolError, match="cannot shift"):
         ChatSession(ctx, kvtool.Sampler(GREEDY), keep=0)
     ChatSession(ctx, kvtool.Sampler(GREEDY))  # without a context shift it chats as before
+
+
+@pytest.mark.parametrize("use_template", [False, True])
+def test_context_shift_keeps_chatting_turn_after_turn(tmp_path: Path, use_template: bool) -> None:
+    """Turns that no longer fit shift the memory and append to it (the template's text after
+    the last reply, or the raw text); the memory still computes what `cached` decoded afresh
+    computes (1-layer model)."""
+    model = kvtool.Model(write_tiny_llama(tmp_path / "l1.gguf", TinyLlama(n_layer=1, seed=1)))
+    ctx = kvtool.Context(model, kvtool.ContextParams(n_ctx=256))
+    chat = ChatSession(ctx, kvtool.Sampler(GREEDY), use_template=use_template, ignore_eos=True, keep=2)
+    for turn in range(4):
+        _, gen = chat.respond(f"turn {turn}: tell me more", n_predict=120)
+        assert len(gen.tokens) == 120
+        assert len(chat.cached) == ctx.memory.seq_pos_max(0) + 1 <= 256
+    assert chat.shifted
+    ctx.decode(kvtool.Batch.from_tokens([9], pos0=len(chat.cached)))
+    ref = kvtool.Context(model, kvtool.ContextParams(n_ctx=256))
+    ref.decode(kvtool.Batch.from_tokens([*chat.cached, 9]))
+    torch.testing.assert_close(ctx.logits_ith(-1), ref.logits_ith(-1), rtol=1e-4, atol=1e-4)
