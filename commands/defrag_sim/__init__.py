@@ -78,12 +78,20 @@ def defrag_sim(
     page_size: Annotated[int, typer.Option("--page-size", help="paged: cells per page.")] = 16,
     model: Annotated[
         str | None,
-        typer.Option("-m", "--model", help="Count bytes moved for this model (reads its GGUF header only)."),
+        typer.Option(
+            "-m",
+            "--model",
+            help="Count bytes moved for this model (reads its GGUF header only, or loads it for --replay).",
+        ),
     ] = None,
     copy_bw: Annotated[
         float | None,
         typer.Option("--copy-bw", help="Copy bandwidth in GB/s for move time (default: measured)."),
     ] = None,
+    replay: Annotated[
+        bool,
+        typer.Option("--replay", help="Run the first compaction on a real cache of -m and check the logits."),
+    ] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the figure to this PNG.")] = None,
     output: Annotated[str, typer.Option("-o", "--output", help="md, csv or json.")] = "md",
 ) -> None:
@@ -108,6 +116,7 @@ def defrag_sim(
         f"a page is larger than a stream ({geo.stream_size} cells)",
         "--page-size",
     )
+    _check(not replay or model is not None, "needs -m MODEL", "--replay")
     cost = _cost(model, copy_bw)
 
     t0, c0 = time.perf_counter(), time.process_time()
@@ -132,11 +141,40 @@ def defrag_sim(
         info["bytes"] = f"{cost.model}: {cost.cell_bytes} B per cell (K+V, f16, all layers)"
         info["copy bandwidth"] = f"{cost.copy_bw / 1e9:.2f} GB/s ({cost.bw_source})"
     sys.stdout.write(render(output, rows(results, cost), info))
+    if replay:
+        assert model is not None
+        _replay(model, results, max_moves)
     if plot is not None:
         from kvtool.commands.defrag_sim.plot import plot as draw
 
         draw(results, plot, f"{w.name}; {info['kv']}")
         print(f"defrag-sim: figure written to {plot}", file=sys.stderr)
+
+
+def _replay(model: str, results: list[SimResult], max_moves: int) -> None:
+    from rich.console import Console
+
+    from kvtool.commands.common import load_model_with_status
+    from kvtool.commands.defrag_sim.replay import MAX_CELLS, replay
+
+    hit = next((r for r in results if r.first_compaction is not None), None)
+    if hit is None or hit.first_compaction is None:
+        raise kvtool.KvtoolError("--replay: no policy compacted in this workload (try threshold or on-fail)")
+    cells = hit.first_compaction
+    if cells.size > MAX_CELLS:
+        raise kvtool.KvtoolError(
+            f"--replay: a stream of {cells.size} cells is too large (-c: at most {MAX_CELLS})"
+        )
+    m = load_model_with_status(model, Console(stderr=True))
+    r = replay(m, cells, max_moves)
+    same = "equal" if r.bitwise else "DIFFER from"
+    print(
+        f"replay ({hit.policy.name}, {Path(str(m.path)).name}): {r.n_moves} moves in {r.n_passes} "
+        f"passes over {r.n_cells} cells; logits after compaction {same} the same cells moved one "
+        f"by one (bitwise); max |diff| against before compaction {r.max_diff:.1e}"
+    )
+    if not r.bitwise:
+        raise typer.Exit(1)
 
 
 def _workload(

@@ -51,6 +51,7 @@ class CellStream:
         self.stats = stats
         self.track = track
         self.compacted_at: list[int] = []
+        self.first_compaction: KVCells | None = None  # the cells just before it (--replay)
         self.free_mask = np.ones(size, dtype=bool)
         self.where: dict[int, list[np.ndarray]] = {}  # seq -> the cells it was placed in
         self.used = 0
@@ -90,6 +91,8 @@ class CellStream:
         st.passes += plan.n_passes
         st.moves += plan.n_moves
         st.cells_moved += plan.n_cells
+        if self.first_compaction is None:
+            self.first_compaction = self.cells.copy()
         apply_defrag(self.cells, plan)
         dest = np.arange(self.size)  # where each cell's content went
         for moves in plan.passes:

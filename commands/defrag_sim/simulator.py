@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvtool import KVCells
 from kvtool.commands.defrag_sim.paged import PagedStream
 from kvtool.commands.defrag_sim.policies import CellStream, Policy
 from kvtool.commands.defrag_sim.series import Series, Stats
@@ -49,6 +50,7 @@ class SimResult:
     map_steps: np.ndarray  # [n_map] the cell map's columns: the cells after these steps' ops
     cell_map: np.ndarray  # [n_map, capacity] owner per cell: seq, -1 free, -2 page tail
     compacted_at: list[int] = field(default_factory=list)
+    first_compaction: KVCells | None = None  # a stream's cells just before its first compaction
 
     @property
     def holes_pct(self) -> float:
@@ -71,6 +73,7 @@ def simulate(
     )
     maps = []
     compacted: list[int] = []
+    first: KVCells | None = None
     if not geo.unified and per_seq is None:
         per_seq = split_ops(w)
     jobs = [(list(w.ops), w.n_seq)] if geo.unified else [(o, w.n_seq) for o in per_seq or []]
@@ -80,6 +83,8 @@ def simulate(
         maps.append(_replay(st, ops, n_seq, geo.n_ubatch, stats, map_steps))
         st.track.hold(w.n_steps)
         compacted += st.compacted_at
+        if first is None and isinstance(st, CellStream):
+            first = st.first_compaction
     used, nkv = series.arrays()
     per = (
         geo.stream_size // policy.page_size * policy.page_size if policy.name == "paged" else geo.stream_size
@@ -93,6 +98,7 @@ def simulate(
         map_steps,
         np.concatenate(maps, axis=1),
         sorted(compacted),
+        first,
     )
 
 
