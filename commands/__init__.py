@@ -24,7 +24,7 @@ app = typer.Typer(
 
 def _register() -> None:
     # each module adds its verb to `app`
-    from kvtool.commands import batched_bench, bench, models, parallel, run, state  # noqa: F401
+    from kvtool.commands import batched_bench, bench, defrag_sim, models, parallel, run, state  # noqa: F401
 
 
 def main() -> None:

@@ -3,9 +3,12 @@ API (what llama.h is to llama.cpp's tools): the commands import nothing else."""
 
 from kvtool.batch import Batch, DecodeError
 from kvtool.context import Context, ContextParams
-from kvtool.decode import ContextFullError, decode_batch, decode_tokens, resume_seq
+from kvtool.decode import ContextFullError, context_shift, decode_batch, decode_tokens, resume_seq
 from kvtool.errors import KvtoolError, ModelFetchError, ModelLoadError, StateError
+from kvtool.kv_dims import KVDims, read_kv_dims
 from kvtool.memory.base import MemoryStatus
+from kvtool.memory.defrag import apply_defrag, plan_defrag
+from kvtool.memory.kv_cells import KVCells
 from kvtool.model import Model, load_model
 from kvtool.registry import DEFAULT_MODEL, KNOWN_MODELS, fetch_model, is_present, model_path, resolve_model
 from kvtool.sampling import Sampler, SamplerParams
@@ -21,6 +24,8 @@ __all__ = [
     "ContextParams",
     "ConversationStore",
     "DecodeError",
+    "KVCells",
+    "KVDims",
     "KvtoolError",
     "MemoryStatus",
     "Model",
@@ -31,6 +36,8 @@ __all__ = [
     "SeqInfo",
     "StateError",
     "StateInfo",
+    "apply_defrag",
+    "context_shift",
     "decode_batch",
     "decode_tokens",
     "fetch_model",
@@ -38,6 +45,8 @@ __all__ = [
     "is_present",
     "load_model",
     "model_path",
+    "plan_defrag",
+    "read_kv_dims",
     "resolve_model",
     "resume_seq",
     "set_n_threads",

@@ -11,7 +11,8 @@ import torch
 
 from kvtool.batch import Batch, BatchAllocator, DecodeError
 from kvtool.errors import KvtoolError
-from kvtool.memory.base import Memory, MemoryStatus
+from kvtool.memory.base import Memory, MemoryContext, MemoryStatus
+from kvtool.memory.defrag import DEFAULT_MAX_MOVES, DefragPolicy
 from kvtool.memory.spec import MemoryParams, pad
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ class ContextParams:
     type_k: str = "f32"  # K cache type: f32, f16, bf16
     type_v: str = "f32"  # V cache type, independent of K
     n_rs_seq: int = 0  # recurrent memories: states kept per sequence, so seq_rm can roll back this far
+    defrag: str = "none"  # KV compaction: none, threshold=F, on-fail (kvtool.memory.defrag)
+    defrag_max_moves: int = DEFAULT_MAX_MOVES  # block moves per compaction pass
 
 
 class Context:
@@ -56,6 +59,10 @@ class Context:
         for t in (p.type_k, p.type_v):
             if t not in _DTYPES:
                 raise KvtoolError(f"unsupported KV cache type '{t}' (f32, f16, bf16)")
+        try:
+            self.defrag = DefragPolicy.parse(p.defrag, p.defrag_max_moves)
+        except ValueError as e:
+            raise KvtoolError(str(e)) from None
         self.model = model
         self.params = p
         self.n_batch = p.n_batch
@@ -83,6 +90,7 @@ class Context:
                 type_k=_DTYPES[p.type_k],
                 type_v=_DTYPES[p.type_v],
                 n_rs_seq=p.n_rs_seq,
+                defrag=self.defrag,
             )
         )
         self._logits = torch.empty(0, model.n_vocab)
@@ -96,10 +104,14 @@ class Context:
         if len(batch) > self.n_batch:
             raise DecodeError(f"batch of {len(batch)} tokens exceeds n_batch = {self.n_batch}", -1)
         alloc = BatchAllocator(batch, self.model.n_vocab, self.params.n_seq_max, self.memory)
-        upd = self.memory.init_update()
-        if upd.status == MemoryStatus.SUCCESS:
-            upd.apply()
+        self.update()
         mctx = self.memory.init_batch(alloc, self.n_ubatch)
+        on_fail = mctx.status == MemoryStatus.FAILED_PREPARE and self.defrag.kind == "on-fail"
+        if on_fail and self.update(optimize=True):
+            # ollama: no contiguous slot, so compact every stream and search once more (a new
+            # allocator: the failed search consumed the first one's split)
+            alloc = BatchAllocator(batch, self.model.n_vocab, self.params.n_seq_max, self.memory)
+            mctx = self.memory.init_batch(alloc, self.n_ubatch)
         if mctx.status != MemoryStatus.SUCCESS:
             raise DecodeError(
                 f"no room in the KV cache for {alloc.n_tokens} tokens "
@@ -128,6 +140,16 @@ class Context:
         self._logits = logits
         self._out_row = out_row
         self.n_decoded += alloc.n_tokens
+
+    def update(self, optimize: bool = False) -> bool:
+        """Applies the memory's pending work (shifts, compaction its defrag policy asks for;
+        with `optimize`, compaction of every stream with holes). llama_memory_update: decode
+        calls it first. Returns whether anything was done."""
+        upd: MemoryContext = self.memory.init_update(optimize)
+        if upd.status != MemoryStatus.SUCCESS:
+            return False
+        upd.apply()
+        return True
 
     def _rollback(self, alloc: BatchAllocator) -> None:
         """Forget every position this batch may have written (llama.cpp does the same)."""

@@ -76,3 +76,17 @@ def resume_seq(
         ctx.memory.seq_rm(seq, keep, -1)
         raise
     return keep, logits
+
+
+def context_shift(ctx: Context, seq: int, n_keep: int, n_discard: int) -> None:
+    """llama.cpp's context shift: removes positions [n_keep, n_keep + n_discard) of `seq` and
+    moves every later position down by n_discard (the memory re-rotates their K at its next
+    update, before the next decode). Raises KvtoolError, changing nothing, when the memory
+    cannot move positions (a recurrent state, a window cache smaller than the context)."""
+    if not ctx.memory.can_shift():
+        raise KvtoolError("this model's memory cannot shift positions (no context shift)")
+    if n_keep < 0 or n_discard < 1:
+        raise ValueError(f"a context shift needs n_keep >= 0 and n_discard >= 1, got {n_keep}, {n_discard}")
+    n_past = ctx.memory.seq_pos_max(seq) + 1
+    ctx.memory.seq_rm(seq, n_keep, n_keep + n_discard)
+    ctx.memory.seq_add(seq, n_keep + n_discard, n_past, -n_discard)

@@ -35,6 +35,31 @@ KvUnifiedOpt = Annotated[
 ]
 
 
+DefragTholOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--defrag-thold",
+        help="Compact a KV stream when its holes exceed this part of its used span (<= 0: never).",
+    ),
+]
+DefragOpt = Annotated[
+    str | None,
+    typer.Option("--defrag", help="KV compaction: none, or on-fail (compact when a batch finds no room)."),
+]
+
+
+def defrag_setting(thold: float | None, mode: str | None) -> str:
+    """ContextParams.defrag from --defrag-thold F (llama.cpp's old flag) and --defrag MODE."""
+    if mode not in (None, "none", "on-fail"):
+        raise kvtool.KvtoolError(f"--defrag must be none or on-fail, got '{mode}'")
+    on = thold is not None and thold > 0
+    if on and mode == "on-fail":
+        raise kvtool.KvtoolError("--defrag-thold and --defrag on-fail are two policies: give one")
+    if on:
+        return f"threshold={thold}"
+    return mode or "none"
+
+
 def context_params(
     ctx_size: int,
     batch_size: int,
@@ -44,9 +69,11 @@ def context_params(
     swa_full: bool,
     type_k: str = "f32",
     type_v: str = "f32",
+    defrag: str = "none",
 ) -> kvtool.ContextParams:
-    """The context the flags -c, -b, -ub, -kvu, --swa-full, -ctk and -ctv ask for; `n_seq_max`
-    is the verb's (-np conversations, clients plus the system prompt, the largest B...)."""
+    """The context the flags -c, -b, -ub, -kvu, --swa-full, -ctk, -ctv and the defrag flags
+    (`defrag_setting`) ask for; `n_seq_max` is the verb's (-np conversations, clients plus the
+    system prompt, the largest B...)."""
     return kvtool.ContextParams(
         n_ctx=ctx_size,
         n_batch=batch_size,
@@ -56,6 +83,7 @@ def context_params(
         swa_full=swa_full,
         type_k=type_k,
         type_v=type_v,
+        defrag=defrag,
     )
 
 

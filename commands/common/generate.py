@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +36,17 @@ class Generation:
 
     tokens: list[int]
     stop: str  # "eog" | "length" | "ctx_full" | "interrupted"
+    shifts: list[tuple[int, int]] = field(default_factory=list)  # (n_keep, n_discard), in order
+
+
+def shift_context(ctx: kvtool.Context, seq: int, n_past: int, n_keep: int) -> int:
+    """The context shift of llama.cpp's tools: keep `n_keep` positions, discard half of the rest
+    (kvtool.context_shift). Returns the positions discarded (0: nothing left to discard)."""
+    n_discard = (n_past - n_keep) // 2
+    if n_discard < 1:
+        return 0
+    kvtool.context_shift(ctx, seq, n_keep, n_discard)
+    return n_discard
 
 
 class TextStream:
@@ -62,13 +73,17 @@ def generate(
     seq: int = 0,
     timings: Timings | None = None,
     ignore_eos: bool = False,
+    n_keep: int | None = None,
 ) -> Generation:
     """Samples until end of generation, n_predict tokens (-1: no limit) or a full context.
     Every accepted token except an end-of-generation one is decoded into the memory.
-    `ignore_eos` bans end-of-generation tokens (llama.cpp's --ignore-eos)."""
+    `ignore_eos` bans end-of-generation tokens (llama.cpp's --ignore-eos). With `n_keep`
+    (llama.cpp's --context-shift), a full context is shifted (`shift_context`) instead of
+    stopping the generation; the shifts are listed in the result."""
     model = ctx.model
     banned = torch.tensor(sorted(model.vocab.eog_ids), dtype=torch.long) if ignore_eos else None
     out: list[int] = []
+    shifts: list[tuple[int, int]] = []
     t0 = time.perf_counter()
     stop = "length"
     try:
@@ -85,6 +100,11 @@ def generate(
                 on_token(tok)
             if n_predict >= 0 and len(out) >= n_predict:
                 break
+            if pos >= ctx.n_ctx_seq and n_keep is not None:
+                n_discard = shift_context(ctx, seq, pos, n_keep)
+                pos -= n_discard
+                if n_discard:
+                    shifts.append((n_keep, n_discard))
             if pos >= ctx.n_ctx_seq:
                 stop = "ctx_full"
                 break
@@ -102,4 +122,4 @@ def generate(
     if timings is not None:
         timings.n_gen += len(out)
         timings.t_gen += time.perf_counter() - t0
-    return Generation(out, stop)
+    return Generation(out, stop, shifts)

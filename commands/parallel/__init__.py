@@ -20,6 +20,7 @@ from rich.text import Text
 
 import kvtool
 from kvtool.commands import app, common
+from kvtool.commands.defrag_sim.trace import TraceRecorder
 from kvtool.commands.parallel.http import HttpParallelSim
 from kvtool.commands.parallel.prompts import QUESTIONS, read_prompts
 from kvtool.commands.parallel.sim import Client, ParallelParams, ParallelSim, ParallelSummary, RequestRecord
@@ -119,6 +120,8 @@ def parallel(
     kv_unified: common.KvUnifiedOpt = False,
     type_k: common.TypeKOpt = "f32",
     type_v: common.TypeVOpt = "f32",
+    defrag_thold: common.DefragTholOpt = None,
+    defrag: common.DefragOpt = None,
     pps: Annotated[
         bool, typer.Option("-pps", help="Decode the system prompt once and seq_cp it to every client.")
     ] = False,
@@ -133,6 +136,10 @@ def parallel(
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No live view on stderr.")] = False,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the summary and every request here.")
+    ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option("--trace", help="Record KV allocations and frees (JSON lines, for defrag-sim)."),
     ] = None,
 ) -> None:
     """Simulate clients sending requests to a server (llama-parallel)."""
@@ -154,6 +161,9 @@ def parallel(
         n_parallel, n_sequences, n_predict, cont_batching, pps, junk, prompts=prompts, sampler=sp
     )
     sim: Sim
+    rec: TraceRecorder | None = None
+    if server is not None and trace is not None:
+        raise typer.BadParameter("records a local run, not --server", param_hint="--trace")
     if server is not None:
         sim = HttpParallelSim(server, params, model=model, timeout=timeout)
         where = f"{server} (model '{model}')"
@@ -164,10 +174,19 @@ def parallel(
         # sequence 0 holds the system prompt; the geometry (n_ctx_seq) is printed below
         n_seq_max = n_parallel + 1
         cp = common.context_params(
-            ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v
+            ctx_size,
+            batch_size,
+            ubatch_size,
+            n_seq_max,
+            kv_unified,
+            swa_full,
+            type_k,
+            type_v,
+            common.defrag_setting(defrag_thold, defrag),
         )
         ctx = common.make_context(m, cp, None)
-        sim = ParallelSim(ctx, params)
+        rec = TraceRecorder(trace, ctx) if trace is not None else None
+        sim = ParallelSim(rec.wrap(ctx) if rec is not None else ctx, params)
         where = str(m.path)
         out.print("parallel: simulating parallel requests from clients:")
         out.print(
@@ -195,6 +214,8 @@ def parallel(
             summary = sim.run(_started, lambda r: _finished(r, n_sequences), _missed)
         else:
             summary = sim.run(on_finish=lambda r: _finished(r, n_sequences))
+    if rec is not None:
+        rec.close()
     failed = [r for r in summary.records if r.stop == "error"]
     _summary(summary, str(file) if file else "used built-in defaults", where, len(failed))
     if json_out is not None:

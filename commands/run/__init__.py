@@ -44,6 +44,16 @@ def run(
     ignore_eos: Annotated[
         bool, typer.Option("--ignore-eos", help="Never stop at end-of-generation tokens.")
     ] = False,
+    context_shift: Annotated[
+        bool,
+        typer.Option(
+            "--context-shift", help="When the context fills, discard half of it (after --keep) and go on."
+        ),
+    ] = False,
+    keep: Annotated[
+        int,
+        typer.Option("--keep", help="Tokens of the prompt a context shift keeps (after the BOS; -1: all)."),
+    ] = 0,
     jinja: Annotated[
         bool, typer.Option("--jinja", help="Render the GGUF's own Jinja chat template.")
     ] = False,
@@ -51,6 +61,8 @@ def run(
     kv_unified: common.KvUnifiedOpt = False,
     type_k: common.TypeKOpt = "f32",
     type_v: common.TypeVOpt = "f32",
+    defrag_thold: common.DefragTholOpt = None,
+    defrag: common.DefragOpt = None,
     verbose: Annotated[
         bool, typer.Option("-v", "--verbose", help="Model, template and context details.")
     ] = False,
@@ -76,7 +88,15 @@ def run(
         m.use_chat_template(jinja=True)
     n_seq_max = parallel or (4 if store is not None else 1)
     cp = common.context_params(
-        ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v
+        ctx_size,
+        batch_size,
+        ubatch_size,
+        n_seq_max,
+        kv_unified,
+        swa_full,
+        type_k,
+        type_v,
+        common.defrag_setting(defrag_thold, defrag),
     )
     ctx = common.make_context(m, cp, err)
     sp = kvtool.SamplerParams(
@@ -91,7 +111,15 @@ def run(
 
     def new_session(seq: int) -> ChatSession:
         sampler = kvtool.Sampler(sp)
-        return ChatSession(ctx, sampler, system, seq, use_template=not no_chat, ignore_eos=ignore_eos)
+        return ChatSession(
+            ctx,
+            sampler,
+            system,
+            seq,
+            use_template=not no_chat,
+            ignore_eos=ignore_eos,
+            keep=keep if context_shift else None,
+        )
 
     keeper = _Keeper(ctx, new_session, session_file, store, conversation)
     if verbose:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import kvtool
-from kvtool.commands.common.generate import Generation, TextStream, Timings, generate
+from kvtool.commands.common.generate import Generation, TextStream, Timings, generate, shift_context
 
 
 def chat_section(info: kvtool.StateInfo) -> dict[str, Any]:
@@ -39,7 +39,9 @@ def chat_section(info: kvtool.StateInfo) -> dict[str, Any]:
 
 class ChatSession:
     """Messages plus the token ids of `seq` held in the memory. `ignore_eos` bans
-    end-of-generation tokens (llama.cpp's --ignore-eos)."""
+    end-of-generation tokens (llama.cpp's --ignore-eos). `keep` turns on llama.cpp's
+    --context-shift: a reply that fills the context keeps its first `keep` tokens (and the
+    BOS, as llama.cpp; < 0: the whole prompt), discards half of the rest and goes on."""
 
     def __init__(
         self,
@@ -49,8 +51,12 @@ class ChatSession:
         seq: int = 0,
         use_template: bool = True,
         ignore_eos: bool = False,
+        keep: int | None = None,
     ) -> None:
+        if keep is not None and not ctx.memory.can_shift():
+            raise kvtool.KvtoolError("--context-shift: this model's memory cannot shift positions")
         self.ctx = ctx
+        self.keep = keep
         self.sampler = sampler
         self.system = system
         self.seq = seq
@@ -67,6 +73,7 @@ class ChatSession:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
         self.ctx.memory.seq_rm(self.seq, -1, -1)
         self.cached, self.pending = [], []
+        self.shifted = False  # a context shift dropped tokens: `cached` is no rendering's prefix
         self.sampler.reset()
 
     def prompt_tokens(self) -> list[int]:
@@ -82,9 +89,16 @@ class ChatSession:
         if self.use_template:
             self.messages.append({"role": "user", "content": user_text})
             tokens = self.prompt_tokens()
+            # a shifted memory matches no rendering, and a turn that will need a shift must
+            # extend the memory: then append the template's new text to what the memory holds
+            append = self.shifted or (self.keep is not None and len(tokens) > self.ctx.n_ctx_seq)
+            tail = self._turn_tail() if append else None
+            if tail is not None:
+                tokens = self.cached + self.pending + tail
         else:
             said = self.cached + self.pending  # raw text continues after the whole reply
             tokens = said + self.ctx.model.tokenize(user_text, add_special=not said, parse_special=False)
+        tokens = self._shift_to_fit(tokens)
         t0 = time.perf_counter()
         try:
             kept, logits = kvtool.resume_seq(self.ctx, self.seq, tokens, self.cached)
@@ -117,6 +131,7 @@ class ChatSession:
             self.seq,
             self.timings,
             ignore_eos=self.ignore_eos,
+            n_keep=self._n_keep(),
         )
         tail = stream.flush()
         if tail:
@@ -125,11 +140,54 @@ class ChatSession:
                 on_text(tail)
         # The memory holds every generated token but the last one sampled (decoded next turn).
         said, n_held = self.cached + gen.tokens, self.ctx.memory.seq_pos_max(self.seq) + 1
+        for k, d in gen.shifts:  # the positions each context shift discarded
+            said = said[:k] + said[k + d :]
+        self.shifted = self.shifted or bool(gen.shifts)
         self.cached, self.pending = said[:n_held], said[n_held:]
         text = "".join(parts)
         if self.use_template:
             self.messages.append({"role": "assistant", "content": text})
         return text, gen
+
+    def _turn_tail(self) -> list[int] | None:
+        """The tokens the template puts after the last reply, up to the new generation prompt
+        (end of turn, the user's message...), or None when the template does not render the
+        reply verbatim (then the whole conversation is decoded again)."""
+        msgs = self.messages
+        if len(msgs) < 2 or msgs[-2]["role"] != "assistant":
+            return None
+        model = self.ctx.model
+        base = model.apply_chat_template(msgs[:-2], add_generation_prompt=True) + msgs[-2]["content"]
+        full = model.apply_chat_template(msgs, add_generation_prompt=True)
+        if not full.startswith(base):
+            return None
+        return model.tokenize(full[len(base) :], add_special=False, parse_special=True)
+
+    def _shift_to_fit(self, tokens: list[int]) -> list[int]:
+        """With a context shift, a turn that extends the memory but does not fit shifts it
+        (halving what follows the kept tokens until it fits); returns the turn's tokens."""
+        n_ctx, n_keep = self.ctx.n_ctx_seq, self._n_keep()
+        n_held = len(self.cached)
+        if n_keep is None or len(tokens) <= n_ctx or tokens[:n_held] != self.cached:
+            return tokens
+        while len(tokens) > n_ctx:
+            n_discard = shift_context(self.ctx, self.seq, n_held, n_keep)
+            if not n_discard:
+                break  # resume_seq says it does not fit
+            tokens = tokens[:n_keep] + tokens[n_keep + n_discard :]
+            self.cached = self.cached[:n_keep] + self.cached[n_keep + n_discard :]
+            n_held -= n_discard
+            self.shifted = True
+        return tokens
+
+    def _n_keep(self) -> int | None:
+        """Positions a context shift keeps: `keep` tokens after the BOS (llama.cpp's n_keep)."""
+        if self.keep is None:
+            return None
+        if self.keep < 0:  # llama.cpp: the whole prompt
+            return len(self.cached)
+        bos = self.ctx.model.vocab.bos
+        return min(self.keep + int(bool(self.cached) and self.cached[0] == bos), len(self.cached))
 
     # -- saving and resuming --------------------------------------------------------------------
     def _state_args(self) -> dict[str, Any]:
@@ -162,5 +220,6 @@ class ChatSession:
         self.system = chat.get("system")
         self.messages = [dict(m) for m in chat["messages"]]
         self.cached, self.pending = list(info.tokens() or []), []
+        self.shifted = False
         info.restore_sampler(self.sampler)
         return info

@@ -148,8 +148,9 @@ class Memory(Protocol):
         ...
 
     def init_batch(self, alloc: BatchAllocator, n_ubatch: int) -> MemoryContext: ...
-    def init_update(self) -> MemoryContext:
-        """Pending work (K re-rotation after seq_add/seq_div...): NO_UPDATE when none."""
+    def init_update(self, optimize: bool = False) -> MemoryContext:
+        """Pending work (K re-rotation after seq_add/seq_div, compaction when the memory's
+        defrag policy asks for it, or whenever it has holes with `optimize`): NO_UPDATE when none."""
         ...
 
     def plan(self, op: SeqOp) -> Commit:

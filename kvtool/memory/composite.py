@@ -82,8 +82,8 @@ class Composite(SeqOps):
         }
         return CompositeContext(ctxs, self._route, MemoryStatus.SUCCESS)
 
-    def init_update(self) -> MemoryContext:
-        ups = {name: p.init_update() for name, p in self.parts.items()}
+    def init_update(self, optimize: bool = False) -> MemoryContext:
+        ups = {name: p.init_update(optimize) for name, p in self.parts.items()}
         if all(u.status == MemoryStatus.NO_UPDATE for u in ups.values()):
             return NoUpdate()
         return CompositeContext(ups, self._route, MemoryStatus.SUCCESS)

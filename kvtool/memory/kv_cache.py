@@ -7,7 +7,7 @@ metadata only. unified=False: one stream per sequence, so attention never spans 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -30,6 +30,7 @@ from kvtool.memory.base import (
     UpdateContext,
     pos_range,
 )
+from kvtool.memory.defrag import DefragPlan, DefragPolicy, apply_defrag, plan_defrag
 from kvtool.memory.kv_cache_context import KVCacheContext
 from kvtool.memory.kv_cells import KVCells, SWAParams, seq_bit
 from kvtool.state.io import StateReader, StateWriter
@@ -56,6 +57,7 @@ class KVCacheParams:
     type_k: torch.dtype = torch.float32
     type_v: torch.dtype = torch.float32
     device: str | torch.device = "cpu"
+    defrag: DefragPolicy = field(default_factory=DefragPolicy)
 
 
 def _nothing() -> None:
@@ -245,7 +247,7 @@ class KVCache(SeqOps, PartBatches):
                 rows = slice(b * per, (b + 1) * per)
                 if s not in cells:
                     cells[s] = self.cells[s].copy()
-                idx = cells[s].find_slot(per, self.params.swa)
+                idx = cells[s].find_slot(per, self.params.swa, self.params.defrag.contiguous)
                 if idx is None:
                     return None
                 cells[s].apply(idx, ub.pos[rows], ub.seq_mask[rows])
@@ -257,9 +259,18 @@ class KVCache(SeqOps, PartBatches):
         assert isinstance(plan, list)
         return KVCacheContext(self, ubatches, plan)
 
-    def init_update(self) -> KVShiftContext | NoUpdate:
-        if any(c.has_shift for c in self.cells):
-            return KVShiftContext(self)
+    def init_update(self, optimize: bool = False) -> KVShiftContext | NoUpdate:
+        """Pending shifts, and the compaction of every stream the defrag policy picks (every
+        stream with holes when `optimize`, which on-fail asks for after a failed batch)."""
+        pol = self.params.defrag
+        plans = {}
+        for s, c in enumerate(self.cells):
+            if optimize or pol.wants(c):
+                plan = plan_defrag(c, pol.max_moves)
+                if plan.n_moves:
+                    plans[s] = plan
+        if plans or any(c.has_shift for c in self.cells):
+            return KVShiftContext(self, plans)
         return NoUpdate()
 
     # -- state ----------------------------------------------------------------------------------
@@ -271,17 +282,36 @@ class KVCache(SeqOps, PartBatches):
 
 
 class KVShiftContext(UpdateContext):
-    """Applies pending position shifts: K rows are re-rotated by their deltas."""
+    """Applies pending position shifts (K rows re-rotated by their deltas), then the planned
+    compactions: each pass copies its blocks' K and V rows in every layer, and the cells'
+    metadata moves with them."""
 
-    def __init__(self, cache: KVCache) -> None:
+    def __init__(self, cache: KVCache, defrag: dict[int, DefragPlan] | None = None) -> None:
         self.cache = cache
+        self.defrag = defrag or {}
 
     def apply(self) -> bool:
+        self._shift()
         cache = self.cache
-        assert cache.shift_fn is not None  # plan() refuses shifts without one
+        dev = cache.params.device
+        for s, plan in self.defrag.items():
+            for moves in plan.passes:
+                lens = moves[:, 2]
+                step = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+                si = torch.from_numpy(np.repeat(moves[:, 0], lens) + step).to(dev)
+                di = torch.from_numpy(np.repeat(moves[:, 1], lens) + step).to(dev)
+                # the planner never writes a cell that any move reads: one gather + scatter
+                for t in (*cache.k.values(), *cache.v.values()):
+                    t[s].index_copy_(0, di, t[s].index_select(0, si))
+            apply_defrag(cache.cells[s], plan)
+        return True
+
+    def _shift(self) -> None:
+        cache = self.cache
         for s, cells in enumerate(cache.cells):
             if not cells.has_shift:
                 continue
+            assert cache.shift_fn is not None  # plan() refuses shifts without one
             shift = cells.take_shift()
             idx = np.flatnonzero((shift != 0) & cells.used())
             if idx.size == 0:
@@ -291,4 +321,3 @@ class KVShiftContext(UpdateContext):
             for il, k in cache.k.items():
                 rows = k[s].index_select(0, ti)
                 k[s].index_copy_(0, ti, cache.shift_fn(il, rows.float(), delta).to(k.dtype))
-        return True

@@ -37,6 +37,8 @@ class SWAParams:
 class KVCells:
     """The cells of one stream."""
 
+    EMPTY = EMPTY  # the position of an empty cell
+
     def __init__(self, size: int) -> None:
         self.size = size
         self.pos = np.full(size, EMPTY, dtype=np.int64)  # [size]
@@ -139,10 +141,12 @@ class KVCells:
         self.pos[hit] = new
         self.shift[hit] += new - old
 
-    def find_slot(self, n: int, swa: SWAParams | None = None) -> np.ndarray | None:
+    def find_slot(self, n: int, swa: SWAParams | None = None, contiguous: bool = False) -> np.ndarray | None:
         """Indices of n usable cells, searching from the head and wrapping (not necessarily
-        contiguous). A cell is usable if empty, or, in a sliding-window cache, if it holds one
-        sequence and lies outside that sequence's window as seen from its next position."""
+        contiguous; with `contiguous`, the first run of n usable cells at or after the head, else
+        from cell 0, as llama.cpp before non-contiguous slots). A cell is usable if empty, or, in
+        a sliding-window cache, if it holds one sequence and lies outside that sequence's window
+        as seen from its next position."""
         if n > self.size:
             return None
         usable = self.pos == EMPTY
@@ -156,6 +160,8 @@ class KVCells:
         head = self.head
         if head > self.n_used() + 2 * n:
             head = 0
+        if contiguous:
+            return self._find_run(usable, n, head)
         if head + n <= self.size and usable[head : head + n].all():
             return np.arange(head, head + n)  # the usual case: free cells right at the head
         order = np.roll(np.arange(self.size), -head) if head else np.arange(self.size)
@@ -163,6 +169,18 @@ class KVCells:
         if cand.size < n:
             return None
         return cand[:n]
+
+    @staticmethod
+    def _find_run(usable: np.ndarray, n: int, head: int) -> np.ndarray | None:
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        c = np.concatenate(([0], np.cumsum(usable, dtype=np.int64)))  # [size + 1]
+        starts = np.flatnonzero(c[n:] - c[:-n] == n)  # runs of n usable cells
+        if not starts.size:
+            return None
+        after = starts[starts >= head]
+        first = int(after[0]) if after.size else int(starts[0])
+        return np.arange(first, first + n, dtype=np.int64)
 
     def apply(self, idx: np.ndarray, pos: np.ndarray, seq_mask: np.ndarray) -> None:
         """Place tokens in cells `idx`. A reused sliding-window cell loses its old token, and its

@@ -177,7 +177,7 @@ class RecurrentMemory(PartBatches, SeqOps):
     def n_used(self) -> int:
         return self.cells.n_used()
 
-    def init_update(self) -> NoUpdate:
+    def init_update(self, optimize: bool = False) -> NoUpdate:
         return NoUpdate()
 
     def _can_undo(self, seq: int, p0: int) -> bool:

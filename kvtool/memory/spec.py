@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from kvtool.memory.defrag import DefragPolicy
 from kvtool.memory.kv_cache import KVCache, KVCacheParams, KVLayerSpec, ShiftFn
 from kvtool.memory.kv_cells import SWAParams
 from kvtool.memory.swa_kv_cache import SWAKVCache
@@ -34,6 +35,7 @@ class MemoryParams:
     type_v: torch.dtype = torch.float32
     device: str | torch.device = "cpu"
     n_rs_seq: int = 0  # recurrent states kept per sequence for rollback
+    defrag: DefragPolicy = field(default_factory=DefragPolicy)  # KV caches only
 
 
 class MemorySpec(Protocol):
@@ -53,7 +55,7 @@ class KVSpec:
     def _cache(
         self, layers: dict[int, KVLayerSpec], n_cells: int, swa: SWAParams | None, p: MemoryParams
     ) -> KVCache:
-        kv = KVCacheParams(n_cells, p.n_seq_max, p.kv_unified, swa, p.type_k, p.type_v, p.device)
+        kv = KVCacheParams(n_cells, p.n_seq_max, p.kv_unified, swa, p.type_k, p.type_v, p.device, p.defrag)
         return KVCache(layers, kv, self.shift)
 
     def build(self, params: MemoryParams) -> KVCache | SWAKVCache:

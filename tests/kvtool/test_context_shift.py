@@ -293,3 +293,29 @@ def test_context_shift_on_a_half_precision_cache(
     ref = ctx_of(True)
     ref.decode(Batch.from_tokens(p[:2] + p[8:]))
     torch.testing.assert_close(got, decode_each(ref, {0: cont}, {0: 14})[0], rtol=0, atol=atol)
+
+
+# -- kvtool.context_shift: the one place the tools shift a sequence ------------------------------
+@pytest.mark.parametrize("unified", [True, False])
+def test_context_shift_function_equals_fresh_decode(models: dict[str, kvtool.Model], unified: bool) -> None:
+    model = models["llama"]
+    p, cont = tokens(30, seed=3), tokens(2, seed=4)
+    ctx = context(model, unified)
+    ctx.decode(Batch.from_tokens(p))
+    kvtool.context_shift(ctx, 0, 3, 13)
+    assert (ctx.memory.seq_pos_min(0), ctx.memory.seq_pos_max(0)) == (0, 16)
+    got = decode_each(ctx, {0: cont}, {0: 17})[0]
+    torch.testing.assert_close(got, fresh(model, p[:3] + p[16:], cont), **tol("llama"))
+
+
+def test_context_shift_refused_by_a_window_cache_smaller_than_the_context(
+    models: dict[str, kvtool.Model],
+) -> None:
+    """A window cache of 256 cells beside a 1024-cell base cache has forgotten what a shift would
+    need: refused, nothing changed."""
+    ctx = Context(models["gemma3-swa"], ContextParams(n_ctx=1024, n_ubatch=8))
+    assert not ctx.memory.can_shift()
+    ctx.decode(Batch.from_tokens(tokens(10, seed=5)))
+    with pytest.raises(kvtool.KvtoolError, match="cannot shift"):
+        kvtool.context_shift(ctx, 0, 2, 4)
+    assert (ctx.memory.seq_pos_min(0), ctx.memory.seq_pos_max(0), ctx.n_used_cells()) == (0, 9, 10)

@@ -7,6 +7,7 @@ import io
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 from rich.console import Console
 from typer.testing import CliRunner
@@ -64,3 +65,12 @@ def test_fetch_bar_ends_with_the_verified_size() -> None:
     bar("verified", 2_000_000, 2_000_000)
     bar.close()  # idempotent: the verb closes it whatever happened
     assert out.getvalue().splitlines()[-1].startswith("tiny: 2.0 MB, sha256 ok, ")
+
+
+@pytest.mark.parametrize(
+    ("thold", "mode", "want"),
+    [(None, None, "none"), (0.0, None, "none"), (-1.0, "on-fail", "on-fail"), (0.25, None, "threshold=0.25")],
+)
+def test_defrag_flags_map_to_one_policy(thold: float | None, mode: str | None, want: str) -> None:
+    assert common.defrag_setting(thold, mode) == want
+    assert common.context_params(256, 64, 16, 1, False, False, defrag=want).defrag == want

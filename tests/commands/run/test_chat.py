@@ -3,10 +3,15 @@ failed turn, --ignore-eos is a constructor argument; on SmolLM2, a chat answers.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import torch
 
 import kvtool
 from kvtool.commands.run.chat import ChatSession
+from tests.helpers.tiny_gemma3 import write_tiny_gemma3
+from tests.helpers.tiny_gguf import TinyLlama, write_tiny_llama
 
 GREEDY = kvtool.SamplerParams(temp=0.0)
 
@@ -82,3 +87,57 @@ def test_one_shot_chat_answers() -> None:
     text2, _ = chat.respond("And of Italy?", n_predict=24)
     assert chat.cached[:n_before] == chat.prompt_tokens()[:n_before]
     assert "Rome" in text2
+
+
+def test_context_shift_keeps_generating_and_cached_matches_memory(tmp_path: Path) -> None:
+    """A reply longer than the context shifts it (keeping the BOS and 3 tokens) and goes on. On a
+    1-layer model the K/V of a token depend on it and its position alone, so after the shifts
+    the memory must compute what the session's `cached` tokens decoded afresh compute."""
+    model = kvtool.Model(write_tiny_llama(tmp_path / "l1.gguf", TinyLlama(n_layer=1, seed=1)))
+    ctx = kvtool.Context(model, kvtool.ContextParams(n_ctx=256))
+    chat = ChatSession(ctx, kvtool.Sampler(GREEDY), use_template=False, ignore_eos=True, keep=3)
+    _, gen = chat.respond("hello there", n_predict=400)
+    assert len(gen.tokens) == 400 and gen.stop == "length" and len(gen.shifts) >= 2
+    assert all(k == 4 for k, _ in gen.shifts)  # BOS + keep
+    first = model.tokenize("hello there", add_special=True)
+    assert chat.cached[:4] == first[:4]
+    assert len(chat.cached) == ctx.memory.seq_pos_max(0) + 1 <= 256
+    ctx.decode(kvtool.Batch.from_tokens([9], pos0=len(chat.cached)))
+    ref = kvtool.Context(model, kvtool.ContextParams(n_ctx=256))
+    ref.decode(kvtool.Batch.from_tokens([*chat.cached, 9]))
+    torch.testing.assert_close(ctx.logits_ith(-1), ref.logits_ith(-1), rtol=1e-4, atol=1e-4)
+
+
+def test_context_shift_off_stops_at_a_full_context(tiny_llama: kvtool.Model) -> None:
+    ctx = kvtool.Context(tiny_llama, kvtool.ContextParams(n_ctx=256))
+    chat = ChatSession(ctx, kvtool.Sampler(GREEDY), use_template=False, ignore_eos=True)
+    _, gen = chat.respond("hello there", n_predict=400)
+    assert gen.stop == "ctx_full" and not gen.shifts and len(chat.cached) == 256
+
+
+def test_context_shift_on_a_memory_that_cannot_shift_is_refused(tmp_path: Path) -> None:
+    """gemma3 with a 256-cell window cache beside a 1024-cell context cannot move positions."""
+    model = kvtool.Model(write_tiny_gemma3(tmp_path / "g3.gguf"))
+    ctx = kvtool.Context(model, kvtool.ContextParams(n_ctx=1024, n_ubatch=8))
+    with pytest.raises(kvtool.KvtoolError, match="cannot shift"):
+        ChatSession(ctx, kvtool.Sampler(GREEDY), keep=0)
+    ChatSession(ctx, kvtool.Sampler(GREEDY))  # without a context shift it chats as before
+
+
+@pytest.mark.parametrize("use_template", [False, True])
+def test_context_shift_keeps_chatting_turn_after_turn(tmp_path: Path, use_template: bool) -> None:
+    """Turns that no longer fit shift the memory and append to it (the template's text after
+    the last reply, or the raw text); the memory still computes what `cached` decoded afresh
+    computes (1-layer model)."""
+    model = kvtool.Model(write_tiny_llama(tmp_path / "l1.gguf", TinyLlama(n_layer=1, seed=1)))
+    ctx = kvtool.Context(model, kvtool.ContextParams(n_ctx=256))
+    chat = ChatSession(ctx, kvtool.Sampler(GREEDY), use_template=use_template, ignore_eos=True, keep=2)
+    for turn in range(4):
+        _, gen = chat.respond(f"turn {turn}: tell me more", n_predict=120)
+        assert len(gen.tokens) == 120
+        assert len(chat.cached) == ctx.memory.seq_pos_max(0) + 1 <= 256
+    assert chat.shifted
+    ctx.decode(kvtool.Batch.from_tokens([9], pos0=len(chat.cached)))
+    ref = kvtool.Context(model, kvtool.ContextParams(n_ctx=256))
+    ref.decode(kvtool.Batch.from_tokens([*chat.cached, 9]))
+    torch.testing.assert_close(ctx.logits_ith(-1), ref.logits_ith(-1), rtol=1e-4, atol=1e-4)

@@ -102,10 +102,39 @@ def test_swa_full_and_kv_modes_agree_on_gemma3() -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["run", "-n", "abc"], ["nosuchcommand"], ["run", "-c", "-5", "-p", "x"], ["bench", "-p", "abc"]],
+    [
+        ["run", "-n", "abc"],
+        ["nosuchcommand"],
+        ["run", "-c", "-5", "-p", "x"],
+        ["bench", "-p", "abc"],
+        ["run", "-p", "x", "--defrag", "sometimes"],
+        ["run", "-p", "x", "--defrag-thold", "0.1", "--defrag", "on-fail"],
+        ["run", "-p", "x", "--defrag-thold", "1.5"],
+    ],
 )
 def test_bad_values_are_one_line(args: list[str], tiny_llama_path: Path) -> None:
     r = run([*args, "-m", str(tiny_llama_path)] if args[0] != "nosuchcommand" else args)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert len([x for x in r.stderr.splitlines() if x.strip()]) == 1
     assert r.stderr.startswith("error: ")
+
+
+def test_context_shift_generates_past_the_context(tiny_llama_path: Path) -> None:
+    base = [
+        "run",
+        "-m",
+        str(tiny_llama_path),
+        "-c",
+        "256",
+        "--ignore-eos",
+        "--temp",
+        "0",
+        "-p",
+        "hello world",
+    ]
+    shifted = run([*base, "-n", "600", "--context-shift"])
+    assert shifted.returncode == 0, shifted.stderr
+    assert "generation: 600 tokens" in shifted.stderr and "context full" not in shifted.stderr
+    off = run([*base, "-n", "600"])
+    assert off.returncode == 0, off.stderr
+    assert "context full (n_ctx = 256)" in off.stderr and "generation: 600 tokens" not in off.stderr

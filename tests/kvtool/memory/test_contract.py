@@ -210,7 +210,7 @@ class TokenCounter(SeqOps, PartBatches):
     def n_used(self) -> int:
         return int(np.count_nonzero(self.count))
 
-    def init_update(self) -> NoUpdate:
+    def init_update(self, optimize: bool = False) -> NoUpdate:
         return NoUpdate()
 
     def prepare(self, ubatches: list[UBatch]) -> object:

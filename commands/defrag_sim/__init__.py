@@ -1,0 +1,228 @@
+"""`kvtool defrag-sim`: replays a KV workload on the cell bookkeeping alone (no model) under
+each slot policy and compares failed allocations, attention spent on holes and compaction
+cost. See docs/defrag.md."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+import kvtool
+from kvtool.commands import app
+from kvtool.commands.common import KvUnifiedOpt
+from kvtool.commands.defrag_sim.policies import POLICIES, Policy
+from kvtool.commands.defrag_sim.report import Cost, measure_copy_bw, render, rows
+from kvtool.commands.defrag_sim.simulator import Geometry, SimResult, simulate, split_ops
+from kvtool.commands.defrag_sim.trace import TraceError, read_trace
+from kvtool.commands.defrag_sim.workload import LengthDist, SyntheticParams, Workload, synthetic
+
+MAX_SEQ = 64  # KVCells' sequence bitset
+
+
+def _len_dist(text: str, flag: str) -> LengthDist:
+    try:
+        return LengthDist.parse(text)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint=flag) from None
+
+
+def _check(ok: bool, msg: str, flag: str) -> None:
+    if not ok:
+        raise typer.BadParameter(msg, param_hint=flag)
+
+
+@app.command("defrag-sim")
+def defrag_sim(
+    trace: Annotated[
+        Path | None,
+        typer.Option("--trace", help="Replay a trace from `kvtool parallel --trace` (JSON lines)."),
+    ] = None,
+    clients: Annotated[int, typer.Option("--clients", help="Synthetic: parallel clients (sequences).")] = 32,
+    requests: Annotated[int, typer.Option("--requests", help="Synthetic: requests in total.")] = 1000,
+    arrival: Annotated[
+        str, typer.Option("--arrival", help="Synthetic: closed (a free client starts at once) or poisson.")
+    ] = "closed",
+    rate: Annotated[
+        float, typer.Option("--rate", help="Synthetic, poisson: requests per decode step.")
+    ] = 0.5,
+    prompt_len: Annotated[
+        str,
+        typer.Option(
+            "--prompt-len", help="Synthetic: prompt tokens, N or KIND:MEAN (fixed|uniform|exp|lognormal)."
+        ),
+    ] = "lognormal:300",
+    gen_len: Annotated[
+        str, typer.Option("--gen-len", help="Synthetic: generated tokens, as --prompt-len.")
+    ] = "exp:200",
+    n_ctx: Annotated[
+        int | None, typer.Option("-c", "--n-ctx", help="KV cells in all (default: the trace's, else 32768).")
+    ] = None,
+    seed: Annotated[int, typer.Option("-s", "--seed", help="Synthetic: the workload's seed.")] = 42,
+    ubatch: Annotated[
+        int | None,
+        typer.Option("-ub", "--ubatch-size", help="Tokens per ubatch (default: the trace's, else 512)."),
+    ] = None,
+    kv_unified: KvUnifiedOpt = False,
+    policy: Annotated[
+        list[str] | None, typer.Option("--policy", help=f"Only these (repeat): {', '.join(POLICIES)}.")
+    ] = None,
+    defrag_thold: Annotated[
+        float,
+        typer.Option("--defrag-thold", help="threshold: compact when holes exceed this part of the span."),
+    ] = 0.1,
+    max_moves: Annotated[int, typer.Option("--max-moves", help="Block moves per compaction pass.")] = 256,
+    page_size: Annotated[int, typer.Option("--page-size", help="paged: cells per page.")] = 16,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "-m",
+            "--model",
+            help="Count bytes moved for this model (reads its GGUF header only, or loads it for --replay).",
+        ),
+    ] = None,
+    copy_bw: Annotated[
+        float | None,
+        typer.Option("--copy-bw", help="Copy bandwidth in GB/s for move time (default: measured)."),
+    ] = None,
+    replay: Annotated[
+        bool,
+        typer.Option("--replay", help="Run the first compaction on a real cache of -m and check the logits."),
+    ] = False,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the figure to this PNG.")] = None,
+    output: Annotated[str, typer.Option("-o", "--output", help="md, csv or json.")] = "md",
+) -> None:
+    """Compare KV slot policies on a workload (no model: cell bookkeeping only)."""
+    _check(output in ("md", "csv", "json"), "expected md, csv or json", "-o")
+    names = list(policy or POLICIES)
+    bad = [p for p in names if p not in POLICIES]
+    _check(not bad, f"unknown policy {', '.join(bad)} (choose from {', '.join(POLICIES)})", "--policy")
+    _check(0.0 <= defrag_thold < 1.0, "must be in [0, 1)", "--defrag-thold")
+    _check(max_moves >= 1, "must be >= 1", "--max-moves")
+    _check(page_size >= 1, "must be >= 1", "--page-size")
+    _check(copy_bw is None or copy_bw > 0, "must be > 0", "--copy-bw")
+    _check(plot is None or plot.suffix.lower() == ".png", "the figure is a .png file", "--plot")
+    w, n_ctx, n_ub = _workload(
+        trace, clients, requests, arrival, rate, prompt_len, gen_len, n_ctx, seed, ubatch
+    )
+    _check(n_ctx >= w.n_seq, f"{n_ctx} cells cannot hold {w.n_seq} streams", "-c")
+    _check(n_ub >= 1, "must be >= 1", "-ub")
+    geo = Geometry(n_ctx, w.n_seq, kv_unified, n_ub)
+    _check(
+        page_size <= geo.stream_size,
+        f"a page is larger than a stream ({geo.stream_size} cells)",
+        "--page-size",
+    )
+    _check(not replay or model is not None, "needs -m MODEL", "--replay")
+    cost = _cost(model, copy_bw)
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    per_seq = None if kv_unified else split_ops(w)
+    n_map = 240 if plot is not None else 0
+    results: list[SimResult] = [
+        simulate(w, Policy(p, defrag_thold, max_moves, page_size), geo, n_map, per_seq) for p in names
+    ]
+    print(
+        f"defrag-sim: {w.n_requests} requests, {w.n_steps} decode steps, {len(names)} policies in "
+        f"{time.perf_counter() - t0:.2f} s ({time.process_time() - c0:.2f} s CPU)",
+        file=sys.stderr,
+    )
+
+    streams = "unified: 1 stream" if kv_unified else f"split: {geo.n_stream} streams"
+    info: dict[str, Any] = {
+        "workload": w.name,
+        "kv": f"{streams} of {geo.stream_size} cells, n_ubatch {n_ub}",
+        "policy settings": f"defrag-thold {defrag_thold}, max-moves {max_moves}, page-size {page_size}",
+    }
+    if cost is not None:
+        info["bytes"] = f"{cost.model}: {cost.cell_bytes} B per cell (K+V, f16, all layers)"
+        info["copy bandwidth"] = f"{cost.copy_bw / 1e9:.2f} GB/s ({cost.bw_source})"
+    sys.stdout.write(render(output, rows(results, cost), info))
+    if replay:
+        assert model is not None
+        _replay(model, results, max_moves)
+    if plot is not None:
+        from kvtool.commands.defrag_sim.plot import plot as draw
+
+        draw(results, plot, f"{w.name}; {info['kv']}")
+        print(f"defrag-sim: figure written to {plot}", file=sys.stderr)
+
+
+def _replay(model: str, results: list[SimResult], max_moves: int) -> None:
+    from rich.console import Console
+
+    from kvtool.commands.common import load_model_with_status
+    from kvtool.commands.defrag_sim.replay import MAX_CELLS, replay
+
+    hit = next((r for r in results if r.first_compaction is not None), None)
+    if hit is None or hit.first_compaction is None:
+        raise kvtool.KvtoolError("--replay: no policy compacted in this workload (try threshold or on-fail)")
+    cells = hit.first_compaction
+    if cells.size > MAX_CELLS:
+        raise kvtool.KvtoolError(
+            f"--replay: a stream of {cells.size} cells is too large (-c: at most {MAX_CELLS})"
+        )
+    m = load_model_with_status(model, Console(stderr=True))
+    r = replay(m, cells, max_moves)
+    same = "equal" if r.bitwise else "DIFFER from"
+    print(
+        f"replay ({hit.policy.name}, {Path(str(m.path)).name}): {r.n_moves} moves in {r.n_passes} "
+        f"passes over {r.n_cells} cells; logits after compaction {same} the same cells moved one "
+        f"by one (bitwise); max |diff| against before compaction {r.max_diff:.1e}"
+    )
+    if not r.bitwise:
+        raise typer.Exit(1)
+
+
+def _workload(
+    trace: Path | None,
+    clients: int,
+    requests: int,
+    arrival: str,
+    rate: float,
+    prompt_len: str,
+    gen_len: str,
+    n_ctx: int | None,
+    seed: int,
+    ubatch: int | None,
+) -> tuple[Workload, int, int]:
+    if trace is not None:
+        try:
+            w, header = read_trace(trace)
+        except TraceError as e:
+            raise typer.BadParameter(str(e), param_hint="--trace") from None
+        _check(w.n_seq <= MAX_SEQ, f"at most {MAX_SEQ} sequences", "--trace")
+        return w, n_ctx or int(header["n_ctx"]), ubatch or int(header.get("n_ubatch", 512))
+    _check(1 <= clients <= MAX_SEQ, f"must be in 1..{MAX_SEQ}", "--clients")
+    _check(requests >= 1, "must be >= 1", "--requests")
+    _check(arrival in ("closed", "poisson"), "expected closed or poisson", "--arrival")
+    _check(rate > 0, "must be > 0", "--rate")
+    _check(n_ctx is None or n_ctx >= 1, "must be >= 1", "-c")
+    n = n_ctx or 32768
+    p = SyntheticParams(
+        clients,
+        requests,
+        arrival,
+        rate,
+        _len_dist(prompt_len, "--prompt-len"),
+        _len_dist(gen_len, "--gen-len"),
+        n,
+        seed,
+    )
+    return synthetic(p), n, ubatch or 512
+
+
+def _cost(model: str | None, copy_bw: float | None) -> Cost | None:
+    if model is None:
+        return None
+    path = kvtool.resolve_model(model)
+    dims = kvtool.read_kv_dims(path)
+    bw, src = (
+        (copy_bw * 1e9, "given")
+        if copy_bw is not None
+        else (measure_copy_bw(), "measured: numpy memcpy here")
+    )
+    return Cost(dims.cell_bytes(), bw, f"{path.name} ({dims.arch}, {dims.n_layer} layers)", src)

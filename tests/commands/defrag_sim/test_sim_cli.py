@@ -1,0 +1,217 @@
+"""`kvtool defrag-sim` through the CLI: same seed same table, formats, the figure, one-line
+errors; and a trace recorded by `kvtool parallel --trace` replayed on the tiny model."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import kvtool
+import kvtool.commands.defrag_sim
+import kvtool.commands.parallel
+from kvtool.commands import app, main
+from kvtool.commands.defrag_sim.trace import TraceError, read_trace
+from kvtool.commands.defrag_sim.workload import Copy, Decode, Free, Run
+from tests.helpers.tiny_gguf import TinyLlama
+
+runner = CliRunner()
+SMALL = [
+    "--clients",
+    "8",
+    "--requests",
+    "60",
+    "--prompt-len",
+    "uniform:60",
+    "--gen-len",
+    "exp:40",
+    "-c",
+    "1200",
+]
+
+
+def cli(*args: str) -> str:
+    r = runner.invoke(app, ["defrag-sim", *args], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return r.stdout
+
+
+def table(*args: str) -> dict[str, dict[str, str]]:
+    return {row["policy"]: row for row in csv.DictReader(io.StringIO(cli(*args, "-o", "csv")))}
+
+
+def test_same_seed_same_table() -> None:
+    a, b = cli(*SMALL, "-kvu", "-s", "3"), cli(*SMALL, "-kvu", "-s", "3")
+    assert a == b and "| non-contiguous |" in a and "| paged |" in a
+    assert cli(*SMALL, "-kvu", "-s", "4") != a
+
+
+def test_formats_agree_and_policies_differ_as_expected() -> None:
+    t = table(*SMALL, "-kvu")
+    doc = json.loads(cli(*SMALL, "-kvu", "-o", "json"))
+    assert [p["policy"] for p in doc["policies"]] == list(t)
+    assert all(str(p["holes_pct"]) == t[p["policy"]]["holes_pct"] for p in doc["policies"])
+    assert doc["kv"].startswith("unified: 1 stream of 1200 cells")
+    # peak demand 1195 cells: only the contiguous search without compaction fails
+    assert int(t["contiguous"]["failed_allocs"]) > 0 and int(t["contiguous"]["dropped_requests"]) > 0
+    assert int(t["non-contiguous"]["failed_allocs"]) == 0 and int(t["on-fail"]["failed_allocs"]) == 0
+    assert int(t["on-fail"]["compactions"]) > 0 and int(t["on-fail"]["cells_moved"]) > 0
+    assert float(t["threshold"]["holes_pct"]) < float(t["non-contiguous"]["holes_pct"])
+
+
+def test_model_bytes_and_given_bandwidth(tiny_llama_path: Path) -> None:
+    t = table(*SMALL, "-kvu", "--policy", "on-fail", "-m", str(tiny_llama_path), "--copy-bw", "1")
+    moved = int(t["on-fail"]["cells_moved"])
+    c = TinyLlama()
+    cell = c.n_layer * 2 * c.n_head_kv * (c.n_embd // c.n_head) * 2  # layers, K+V, heads, head dim, f16
+    assert kvtool.read_kv_dims(tiny_llama_path).cell_bytes() == cell
+    assert float(t["on-fail"]["mib_moved"]) == round(moved * cell / 2**20, 1)
+    assert float(t["on-fail"]["move_ms"]) == round(1e3 * moved * cell / 1e9, 1)
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    png = tmp_path / "f.png"
+    cli(*SMALL, "--policy", "contiguous", "--policy", "paged", "--plot", str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "msg"),
+    [
+        (["-o", "xml"], "expected md, csv or json"),
+        (["--policy", "best"], "unknown policy best"),
+        (["--prompt-len", "zipf:3"], "KIND is one of"),
+        (["--clients", "65"], "must be in 1..64"),
+        (["--defrag-thold", "1.5"], "must be in [0, 1)"),
+        (["--page-size", "0"], "must be >= 1"),
+        (["--trace", "/nonexistent/t.jsonl"], "cannot read"),
+        (["--clients", "abc"], "--clients"),
+        (["--replay"], "needs -m MODEL"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(
+    args: list[str], msg: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["kvtool", "defrag-sim", *args])
+    with pytest.raises(SystemExit) as e:
+        main()
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1 and msg in err, err
+
+
+def test_bad_flag_in_a_process() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "kvtool.commands", "defrag-sim", "--max-moves", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1
+
+
+def test_trace_reader(tmp_path: Path) -> None:
+    p = tmp_path / "t.jsonl"
+    lines = [
+        {"kvtool_trace": 1, "n_ctx": 64, "n_seq": 3, "n_ubatch": 16, "kv_unified": True},
+        {"step": 0, "event": "alloc", "seq": 0, "pos": 0, "n_tokens": 5},
+        {"step": 1, "event": "copy", "seq": 1, "src": 0},
+        {"step": 1, "event": "alloc", "seq": 1, "pos": 5, "n_tokens": 1},
+        {"step": 1, "event": "alloc", "seq": 2, "pos": 0, "n_tokens": 1},
+        {"step": 2, "event": "alloc", "seq": 1, "pos": 6, "n_tokens": 1},
+        {"step": 2, "event": "alloc", "seq": 2, "pos": 1, "n_tokens": 1},
+        {"step": 3, "event": "free", "seq": 1},
+    ]
+    p.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    w, header = read_trace(p)
+    assert header["n_ubatch"] == 16 and (w.n_seq, w.n_steps, w.n_requests) == (3, 3, 3)
+    assert w.ops == (Decode(0, ((0, 5),)), Copy(1, 0, 1), Run(1, (1, 2), 2), Free(3, 1))
+    p.write_text(json.dumps(lines[0]) + '\n{"step": 0, "event": "alloc", "seq": 7, "n_tokens": 1}\n')
+    with pytest.raises(TraceError, match=r"t.jsonl:2: bad event"):
+        read_trace(p)
+
+
+@pytest.mark.parametrize("unified", [True, False])
+def test_parallel_trace_replays(tiny_llama_path: Path, tmp_path: Path, unified: bool) -> None:
+    tr = tmp_path / "t.jsonl"
+    kvu = ["-kvu"] if unified else []
+    args = [
+        "parallel",
+        "--no-progress",
+        "-m",
+        str(tiny_llama_path),
+        "-np",
+        "2",
+        "-ns",
+        "4",
+        "-n",
+        "6",
+        "-s",
+        "1",
+    ]
+    r = runner.invoke(app, [*args, "-c", "4096", "-pps", *kvu, "--trace", str(tr)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    w, header = read_trace(tr)
+    assert header["kv_unified"] is unified and header["n_seq"] == 3
+    # every client request: its own prompt after the shared system prompt, then its answer
+    decoded = sum(n for op in w.ops if isinstance(op, Decode) for _, n in op.parts)
+    decoded += sum(op.k * len(op.seqs) for op in w.ops if isinstance(op, Run))
+    n_sys = next(op.parts[0][1] for op in w.ops if isinstance(op, Decode))
+    done = json.loads(cli("--trace", str(tr), *kvu, "-o", "json"))
+    assert done["kv"].startswith("unified" if unified else "split: 3 streams")
+    assert all(p["failed_allocs"] == 0 for p in done["policies"])
+    assert n_sys > 0 and decoded > n_sys and sum(isinstance(op, Copy) for op in w.ops) >= 4
+
+
+@pytest.mark.parametrize(
+    ("extra", "msg"),
+    [
+        (["--trace", "/nonexistent/dir/t.jsonl"], "cannot write the trace"),
+        (["--trace", "t.jsonl", "--server", "http://127.0.0.1:9"], "records a local run"),
+    ],
+)
+def test_parallel_trace_errors_are_one_line(
+    tiny_llama_path: Path,
+    extra: list[str],
+    msg: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["kvtool", "parallel", "--no-progress", "-m", str(tiny_llama_path), "-ns", "1", "-n", "2", *extra]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1].startswith("error: ") and msg in err[-1], err
+
+
+def test_replay_runs_the_first_compaction_on_a_real_cache(tiny_llama_path: Path) -> None:
+    """on-fail compacts in this workload: the engine moves the rows of a tiny model's cache and
+    the next logits equal those of the same cells moved one by one."""
+    args = ["--clients", "8", "--requests", "60", "-c", "2048", "-kvu", "--prompt-len", "uniform:100"]
+    args += ["--gen-len", "exp:60", "--policy", "on-fail", "--copy-bw", "10", "-m", str(tiny_llama_path)]
+    r = runner.invoke(app, ["defrag-sim", *args, "--replay"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    line = [x for x in r.stdout.splitlines() if x.startswith("replay (on-fail")]
+    assert len(line) == 1 and "moves in" in line[0] and "equal the same cells moved one by one" in line[0]
+    diff = float(line[0].rsplit(" ", 1)[1])
+    assert diff < 1e-4  # against the logits before compaction: float noise only
+
+
+def test_replay_without_a_compaction_is_one_line(
+    tiny_llama_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [*SMALL, "--policy", "non-contiguous", "--copy-bw", "10", "-m", str(tiny_llama_path), "--replay"]
+    monkeypatch.setattr(sys, "argv", ["kvtool", "defrag-sim", *args])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err
+    last = err.splitlines()[-1]  # after the timing line: known only once simulated
+    assert e.value.code == 2 and last.startswith("error: --replay: no policy compacted")
+    assert err.count("error") == 1
