@@ -24,6 +24,8 @@ Stream = CellStream | PagedStream
 
 @dataclass(frozen=True)
 class Geometry:
+    """The cache being replayed: n_ctx cells in one stream, or split in n_seq equal streams."""
+
     n_ctx: int
     n_seq: int
     unified: bool
@@ -48,7 +50,7 @@ class SimResult:
     nkv: np.ndarray  # [n_steps] attended cells (the used span per stream, or whole pages)
     capacity: int
     map_steps: np.ndarray  # [n_map] the cell map's columns: the cells after these steps' ops
-    cell_map: np.ndarray  # [n_map, capacity] owner per cell: seq, -1 free, -2 page tail
+    cell_map: np.ndarray  # [n_map, cells of all streams] owner per cell: seq, -1 free, -2 page tail
     compacted_at: list[int] = field(default_factory=list)
     first_compaction: KVCells | None = None  # a stream's cells just before its first compaction
 
