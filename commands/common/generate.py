@@ -6,10 +6,12 @@ import codecs
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 import kvtool
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -66,6 +68,8 @@ def generate(
     """Samples until end of generation, n_predict tokens (-1: no limit) or a full context.
     Every accepted token except an end-of-generation one is decoded into the memory.
     `ignore_eos` bans end-of-generation tokens (llama.cpp's --ignore-eos)."""
+    import torch  # here, not at import: `kvtool --help` must not load torch
+
     model = ctx.model
     banned = torch.tensor(sorted(model.vocab.eog_ids), dtype=torch.long) if ignore_eos else None
     out: list[int] = []
