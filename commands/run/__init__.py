@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -14,6 +16,7 @@ import kvtool
 from kvtool.commands import app, common
 from kvtool.commands.common.generate import Generation
 from kvtool.commands.run.chat import ChatSession
+from kvtool.commands.run.perf import Perf
 from kvtool.commands.run.pool import ConversationPool
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -24,6 +27,17 @@ def run(
     model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     prompt: Annotated[
         str | None, typer.Option("-p", "--prompt", help="One-shot: complete this and exit.")
+    ] = None,
+    file: Annotated[
+        Path | None, typer.Option("-f", "--file", help="Read the prompt (-p) from this file.")
+    ] = None,
+    conversation_mode: Annotated[
+        bool | None,
+        typer.Option(
+            "--conversation/--no-conversation",
+            "-cnv/-no-cnv",
+            help="-cnv: keep chatting after -p's answer; -no-cnv: complete -p as raw text and exit.",
+        ),
     ] = None,
     n_predict: Annotated[
         int, typer.Option("-n", "--n-predict", help="Tokens to generate (-1: until end).")
@@ -70,8 +84,26 @@ def run(
     ] = None,
 ) -> None:
     """Chat with a model (interactive, or turns read from a pipe), or complete one prompt (-p)."""
+    if file is not None:
+        if prompt is not None:
+            raise typer.BadParameter("give the prompt with -p or -f, not both", param_hint="-f")
+        try:
+            prompt = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise typer.BadParameter(f"cannot read {file}: {e}", param_hint="-f") from e
+    if conversation_mode is False:  # llama-cli -no-cnv: plain completion of the prompt
+        if prompt is None:
+            raise typer.BadParameter("needs a prompt (-p TEXT or -f FILE)", param_hint="-no-cnv")
+        no_chat = True
     kvtool.set_n_threads(threads)
+    t_load_start = time.perf_counter()
     m = common.load_model_with_status(model, err)
+    t_load = time.perf_counter() - t_load_start
+    if not no_chat and m.file.get("tokenizer.chat_template", None) is None:
+        err.print(
+            f"[yellow]note: {m.path.name} has no chat template (a pretrained model?): "
+            "its replies may ramble; --no-chat completes raw text[/]"
+        )
     if jinja:
         m.use_chat_template(jinja=True)
     n_seq_max = parallel or (4 if store is not None else 1)
@@ -94,16 +126,17 @@ def run(
         return ChatSession(ctx, sampler, system, seq, use_template=not no_chat, ignore_eos=ignore_eos)
 
     keeper = _Keeper(ctx, new_session, session_file, store, conversation)
+    perf = Perf(t_start=t_load_start, t_load=t_load)
     if verbose:
         err.print(
             f"model: {m.name} ({m.arch}, {m.path}); chat template: {m.chat_template.name}; "
             f"n_ctx = {ctx.n_ctx}; seed = {keeper.session.sampler.seed}"
         )
     try:
-        if prompt is not None:
-            _one_shot(keeper.session, prompt, n_predict)
+        if prompt is not None and not conversation_mode:
+            _one_shot(keeper.session, prompt, n_predict, perf)
         else:
-            _chat(keeper, n_predict)
+            _chat(keeper, n_predict, perf, verbose, first=prompt)
     finally:
         keeper.finish()
 
@@ -142,17 +175,23 @@ class _Keeper:
     def save(self, name: str) -> str:
         if self.pool is not None:
             self.pool.save(self.name, as_name=name)
-            return f"saved as '{name}' in the store"
-        n = self.session.save_state(name)
-        return f"saved to {name} ({n:,} bytes)"
+            return f"saved as '{name}' in the store {self.pool.store.path}"
+        path = Path(name).expanduser().resolve()  # a file name, relative to where kvtool runs
+        n = self.session.save_state(path)
+        return f"saved to {path} ({n:,} bytes; /load {name} or --session {name} resumes it)"
 
     def load(self, name: str) -> str:
         if self.pool is not None:
+            if name not in {r.name for r in self.pool.store.list()}:
+                raise kvtool.StateError(f"no conversation '{name}' in the store (/list shows them)")
             self.pool.save(self.name)
             self.session, self.name = self.pool.open(name), name
             return f"conversation '{name}': {self._summary()}"
-        self.session.load_state(name)
-        return f"loaded {name}: {self._summary()}"
+        path = Path(name).expanduser().resolve()
+        if not path.exists():
+            raise kvtool.StateError(f"no saved conversation at {path}")
+        self.session.load_state(path)
+        return f"loaded {path}: {self._summary()}"
 
     def listing(self) -> str:
         if self.pool is None:
@@ -180,11 +219,18 @@ def _stop_note(gen: Generation, ctx: kvtool.Context) -> None:
         err.print("[yellow](interrupted)[/]")
 
 
-def _one_shot(session: ChatSession, prompt: str, n_predict: int) -> None:
-    _, gen = session.respond(prompt, n_predict, _write)
+def _one_shot(session: ChatSession, prompt: str, n_predict: int, perf: Perf) -> None:
+    perf.turn_started()
+
+    def write(text: str) -> None:
+        perf.text_arrived()
+        _write(text)
+
+    _, gen = session.respond(prompt, n_predict, write)
     _write("\n")
     _stop_note(gen, session.ctx)
-    err.print(session.timings.line())
+    for line in perf.lines(session.timings):
+        err.print(line)
 
 
 def _read_turns():  # type: ignore[no-untyped-def]
@@ -204,40 +250,80 @@ def _read_turns():  # type: ignore[no-untyped-def]
             yield line
 
 
-def _chat(keeper: _Keeper, n_predict: int) -> None:
+# a chat command: a slash and a word ("/usr/bin ..." is a message)
+_COMMAND = re.compile(r"/[A-Za-z]+(\s|$)")
+
+# the chat's commands, as /help lists them
+COMMANDS = {
+    "/help": "this list",
+    "/clear": "forget the conversation (the system message stays)",
+    "/save NAME": "keep the conversation: a file NAME, or with --store a conversation NAME",
+    "/load NAME": "resume a conversation saved with /save",
+    "/list": "the conversations of the --store",
+    "/stats": "timings so far: load, prompt eval, eval, total, first token",
+    "/exit": "quit (also /quit, Ctrl-D)",
+}
+
+
+def _command(keeper: _Keeper, text: str, perf: Perf) -> bool:
+    """Runs a chat command; False when it asks to quit. Unknown ones are an error, not a turn."""
+    cmd, _, arg = text.partition(" ")
+    arg = arg.strip()
+    session = keeper.session
+    if cmd in ("/exit", "/quit"):
+        return False
+    if cmd == "/help":
+        for name, what in COMMANDS.items():
+            err.print(f"  {name:<11} {what}", markup=False)
+    elif cmd == "/clear":
+        session.clear()
+        err.print("[dim](conversation cleared)[/]")
+    elif cmd == "/list":
+        err.print(f"[dim]{keeper.listing()}[/]")
+    elif cmd == "/stats":
+        for line in perf.lines(session.timings):
+            err.print(line, markup=False)
+    elif cmd in ("/save", "/load"):
+        try:
+            if not arg:
+                raise kvtool.StateError(f"{cmd} needs a name")
+            note = keeper.save(arg) if cmd == "/save" else keeper.load(arg)
+            err.print(f"({note})", markup=False, style="dim")
+        except kvtool.StateError as e:
+            err.print(f"[red]error: {e}[/]")
+    else:
+        err.print(f"[red]error: unknown command {cmd} (/help lists them)[/]")
+    return True
+
+
+def _chat(keeper: _Keeper, n_predict: int, perf: Perf, verbose: bool, first: str | None = None) -> None:
     if sys.stdin.isatty():
-        err.print(
-            "[dim]Chat with the model. /clear forgets the conversation, /save NAME and /load NAME keep "
-            "and resume it, /list shows a store's, /exit quits; Ctrl-C stops a reply.[/]"
-        )
+        err.print("[dim]Chat with the model. /help lists the commands, /exit quits; Ctrl-C stops a reply.[/]")
+
+    def turns():  # type: ignore[no-untyped-def]
+        if first is not None:  # -cnv -p: the prompt is the first turn
+            _write(f"> {first}\n")
+            yield first
+        yield from _read_turns()
+
+    def write(text: str) -> None:
+        perf.text_arrived()
+        _write(text)
+
     try:
-        for line in _read_turns():
+        for line in turns():
             text = line.strip()
-            session = keeper.session
             if not text:
                 continue
-            if text in ("/exit", "/quit"):
-                return
-            if text == "/clear":
-                session.clear()
-                err.print("[dim](conversation cleared)[/]")
+            if _COMMAND.match(text):
+                if not _command(keeper, text, perf):
+                    return
                 continue
-            if text == "/list":
-                err.print(f"[dim]{keeper.listing()}[/]")
-                continue
-            cmd, _, arg = text.partition(" ")
-            if cmd in ("/save", "/load"):
-                try:
-                    if not arg.strip():
-                        raise kvtool.StateError(f"{cmd} needs a name")
-                    note = keeper.save(arg.strip()) if cmd == "/save" else keeper.load(arg.strip())
-                    err.print(f"[dim]({note})[/]")
-                except kvtool.StateError as e:
-                    err.print(f"[yellow]{e}[/]")
-                continue
+            session = keeper.session
             n0, t0 = session.timings.n_gen, session.timings.t_gen
+            perf.turn_started()
             try:
-                _, gen = session.respond(text, n_predict, _write)
+                _, gen = session.respond(text, n_predict, write)
             except kvtool.ContextFullError as e:
                 err.print(f"[yellow]{e}; /clear starts over[/]")
                 continue
@@ -247,6 +333,10 @@ def _chat(keeper: _Keeper, n_predict: int) -> None:
             _write("\n")
             _stop_note(gen, session.ctx)
             dn, dt = session.timings.n_gen - n0, session.timings.t_gen - t0  # this reply's share
-            err.print(f"[dim]{len(gen.tokens)} tokens, {dn / dt if dt > 0 else 0:.1f} t/s[/]")
+            ttft = f", first token {perf.ttft * 1e3:.0f} ms" if perf.ttft is not None else ""
+            err.print(f"[dim]{len(gen.tokens)} tokens, {dn / dt if dt > 0 else 0:.1f} t/s{ttft}[/]")
+            if verbose:
+                for row in perf.lines(session.timings):
+                    err.print(row, markup=False, style="dim")
     except KeyboardInterrupt:  # Ctrl-C at the prompt leaves the chat
         _write("\n")
