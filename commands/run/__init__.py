@@ -182,10 +182,11 @@ class _Keeper:
 
     def load(self, name: str) -> str:
         if self.pool is not None:
-            if name not in {r.name for r in self.pool.store.list()}:
-                raise kvtool.StateError(f"no conversation '{name}' in the store (/list shows them)")
+            known = name in {r.name for r in self.pool.store.list()}
             self.pool.save(self.name)
             self.session, self.name = self.pool.open(name), name
+            if not known:  # a store's /load switches, so a new name starts a conversation
+                return f"no conversation '{name}' in the store: started it empty"
             return f"conversation '{name}': {self._summary()}"
         path = Path(name).expanduser().resolve()
         if not path.exists():
