@@ -19,6 +19,7 @@ app = typer.Typer(
     help="llama.cpp's tools on kvtool's engine: chat, benchmarks, KV memory experiments.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,  # plain click help: readable piped and in 80 columns
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
