@@ -21,7 +21,7 @@ from rich.text import Text
 import kvtool
 from kvtool.commands import app, common
 from kvtool.commands.parallel.http import HttpParallelSim
-from kvtool.commands.parallel.prompts import QUESTIONS, read_prompts
+from kvtool.commands.parallel.prompts import QUESTIONS, SYSTEM_PROMPT, read_prompts
 from kvtool.commands.parallel.sim import Client, ParallelParams, ParallelSim, ParallelSummary, RequestRecord
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -124,6 +124,10 @@ def parallel(
     ] = False,
     junk: Annotated[int, typer.Option("-j", "--junk", help="Up to N-1 filler turns per prompt.")] = 1,
     file: Annotated[Path | None, typer.Option("-f", "--file", help="Questions, one per line.")] = None,
+    system_file: Annotated[
+        Path | None,
+        typer.Option("--system-file", help="The shared system prompt (default: a ~290-token transcript)."),
+    ] = None,
     seed: Annotated[int, typer.Option("-s", "--seed", help="Sampler seed (<0: random per client).")] = -1,
     temp: Annotated[float, typer.Option("--temp", help="Temperature (<= 0: greedy).")] = 0.8,
     server: Annotated[
@@ -149,9 +153,23 @@ def parallel(
         out.print(Text(f"questions from {file}:", style="green"))
         for i, q in enumerate(prompts, 1):
             out.print(Text(f"{i:3d} prompt: {q}"))
+    system = SYSTEM_PROMPT
+    if system_file is not None:
+        try:
+            system = system_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise typer.BadParameter(f"cannot read {system_file}: {e}", param_hint="--system-file") from e
     sp = kvtool.SamplerParams(seed=seed, temp=temp)
     params = ParallelParams(
-        n_parallel, n_sequences, n_predict, cont_batching, pps, junk, prompts=prompts, sampler=sp
+        n_parallel,
+        n_sequences,
+        n_predict,
+        cont_batching,
+        pps,
+        junk,
+        prompts=prompts,
+        sampler=sp,
+        system=system,
     )
     sim: Sim
     if server is not None:
