@@ -16,10 +16,11 @@ import kvtool
 from kvtool.commands import app, common
 from kvtool.commands.common.generate import Generation
 from kvtool.commands.run.chat import ChatSession
-from kvtool.commands.run.perf import Perf
+from kvtool.commands.run.perf import Perf, PromptBar
 from kvtool.commands.run.pool import ConversationPool
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+_quiet = Console(stderr=True, quiet=True)  # --no-progress: no spinner while loading
 
 
 @app.command("run")
@@ -65,6 +66,9 @@ def run(
     kv_unified: common.KvUnifiedOpt = False,
     type_k: common.TypeKOpt = "f32",
     type_v: common.TypeVOpt = "f32",
+    no_progress: Annotated[
+        bool, typer.Option("--no-progress", help="No progress on stderr (loading, long prompts).")
+    ] = False,
     verbose: Annotated[
         bool, typer.Option("-v", "--verbose", help="Model, template and context details.")
     ] = False,
@@ -97,13 +101,8 @@ def run(
         no_chat = True
     kvtool.set_n_threads(threads)
     t_load_start = time.perf_counter()
-    m = common.load_model_with_status(model, err)
+    m = common.load_model_with_status(model, err if not no_progress else _quiet)
     t_load = time.perf_counter() - t_load_start
-    if not no_chat and m.file.get("tokenizer.chat_template", None) is None:
-        err.print(
-            f"[yellow]note: {m.path.name} has no chat template (a pretrained model?): "
-            "its replies may ramble; --no-chat completes raw text[/]"
-        )
     if jinja:
         m.use_chat_template(jinja=True)
     n_seq_max = parallel or (4 if store is not None else 1)
@@ -127,6 +126,13 @@ def run(
 
     keeper = _Keeper(ctx, new_session, session_file, store, conversation)
     perf = Perf(t_start=t_load_start, t_load=t_load)
+    if not no_chat and m.file.get("tokenizer.chat_template", None) is None:
+        err.print(
+            f"[yellow]note: {m.path.name} has no chat template (a pretrained model?): "
+            "its replies may ramble; --no-chat completes raw text[/]"
+        )
+    show = not no_progress and err.is_terminal
+    bar = PromptBar(err) if show else None
     if verbose:
         err.print(
             f"model: {m.name} ({m.arch}, {m.path}); chat template: {m.chat_template.name}; "
@@ -134,9 +140,9 @@ def run(
         )
     try:
         if prompt is not None and not conversation_mode:
-            _one_shot(keeper.session, prompt, n_predict, perf)
+            _one_shot(keeper.session, prompt, n_predict, perf, bar)
         else:
-            _chat(keeper, n_predict, perf, verbose, first=prompt)
+            _chat(keeper, n_predict, perf, bar, verbose, first=prompt)
     finally:
         keeper.finish()
 
@@ -220,14 +226,18 @@ def _stop_note(gen: Generation, ctx: kvtool.Context) -> None:
         err.print("[yellow](interrupted)[/]")
 
 
-def _one_shot(session: ChatSession, prompt: str, n_predict: int, perf: Perf) -> None:
+def _one_shot(session: ChatSession, prompt: str, n_predict: int, perf: Perf, bar: PromptBar | None) -> None:
     perf.turn_started()
 
     def write(text: str) -> None:
         perf.text_arrived()
         _write(text)
 
-    _, gen = session.respond(prompt, n_predict, write)
+    try:
+        _, gen = session.respond(prompt, n_predict, write, bar)
+    finally:
+        if bar is not None:
+            bar.close()
     _write("\n")
     _stop_note(gen, session.ctx)
     for line in perf.lines(session.timings):
@@ -297,7 +307,14 @@ def _command(keeper: _Keeper, text: str, perf: Perf) -> bool:
     return True
 
 
-def _chat(keeper: _Keeper, n_predict: int, perf: Perf, verbose: bool, first: str | None = None) -> None:
+def _chat(
+    keeper: _Keeper,
+    n_predict: int,
+    perf: Perf,
+    bar: PromptBar | None,
+    verbose: bool,
+    first: str | None = None,
+) -> None:
     if sys.stdin.isatty():
         err.print("[dim]Chat with the model. /help lists the commands, /exit quits; Ctrl-C stops a reply.[/]")
 
@@ -324,13 +341,16 @@ def _chat(keeper: _Keeper, n_predict: int, perf: Perf, verbose: bool, first: str
             n0, t0 = session.timings.n_gen, session.timings.t_gen
             perf.turn_started()
             try:
-                _, gen = session.respond(text, n_predict, write)
+                _, gen = session.respond(text, n_predict, write, bar)
             except kvtool.ContextFullError as e:
                 err.print(f"[yellow]{e}; /clear starts over[/]")
                 continue
             except KeyboardInterrupt:  # while the prompt was being decoded: drop the turn
                 err.print("[yellow](interrupted)[/]")
                 continue
+            finally:
+                if bar is not None:
+                    bar.close()
             _write("\n")
             _stop_note(gen, session.ctx)
             dn, dt = session.timings.n_gen - n0, session.timings.t_gen - t0  # this reply's share

@@ -37,6 +37,18 @@ def chat_section(info: kvtool.StateInfo) -> dict[str, Any]:
     return chat
 
 
+PROMPT_CHUNK = 256  # tokens a prompt is decoded by when its progress is shown
+
+
+def _common_prefix(a: list[int], b: list[int]) -> list[int]:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return b[:n]
+
+
 class ChatSession:
     """Messages plus the token ids of `seq` held in the memory. `ignore_eos` bans
     end-of-generation tokens (llama.cpp's --ignore-eos)."""
@@ -76,9 +88,14 @@ class ChatSession:
         return model.tokenize(rendered, add_special=True, parse_special=True)
 
     def respond(
-        self, user_text: str, n_predict: int = -1, on_text: Callable[[str], None] | None = None
+        self,
+        user_text: str,
+        n_predict: int = -1,
+        on_text: Callable[[str], None] | None = None,
+        on_prompt: Callable[[int, int], None] | None = None,
     ) -> tuple[str, Generation]:
-        """Adds the user's turn, generates the reply (streamed through on_text), records it."""
+        """Adds the user's turn, generates the reply (streamed through on_text), records it.
+        `on_prompt(done, total)` follows the prompt's decoding, PROMPT_CHUNK tokens at a time."""
         if self.use_template:
             self.messages.append({"role": "user", "content": user_text})
             tokens = self.prompt_tokens()
@@ -87,7 +104,7 @@ class ChatSession:
             tokens = said + self.ctx.model.tokenize(user_text, add_special=not said, parse_special=False)
         t0 = time.perf_counter()
         try:
-            kept, logits = kvtool.resume_seq(self.ctx, self.seq, tokens, self.cached)
+            kept, logits = self._decode_prompt(tokens, on_prompt)
         except BaseException:
             # resume_seq leaves a prefix of what the sequence held: cut `cached` to it
             self.cached = self.cached[: self.ctx.memory.seq_pos_max(self.seq) + 1]
@@ -130,6 +147,25 @@ class ChatSession:
         if self.use_template:
             self.messages.append({"role": "assistant", "content": text})
         return text, gen
+
+    def _decode_prompt(
+        self, tokens: list[int], on_prompt: Callable[[int, int], None] | None
+    ) -> tuple[int, Any]:
+        """resume_seq on growing prefixes of `tokens`, so that a long prompt reports progress:
+        each call keeps what the previous one decoded. Returns (positions kept, logits)."""
+        if on_prompt is None:
+            return kvtool.resume_seq(self.ctx, self.seq, tokens, self.cached)
+        kept, logits = -1, None
+        held = self.cached
+        n = min(len(tokens), len(_common_prefix(held, tokens)) + PROMPT_CHUNK)
+        while True:
+            k, logits = kvtool.resume_seq(self.ctx, self.seq, tokens[:n], held)
+            kept = k if kept < 0 else kept
+            self.cached = held = tokens[:n]  # on an error in the next chunk, this much is in
+            on_prompt(n - kept, len(tokens) - kept)
+            if n == len(tokens):
+                return kept, logits
+            n = min(len(tokens), n + PROMPT_CHUNK)
 
     # -- saving and resuming --------------------------------------------------------------------
     def _state_args(self) -> dict[str, Any]:

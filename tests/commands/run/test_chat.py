@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import kvtool
-from kvtool.commands.run.chat import ChatSession
+from kvtool.commands.run.chat import PROMPT_CHUNK, ChatSession
 
 GREEDY = kvtool.SamplerParams(temp=0.0)
 
@@ -82,3 +82,20 @@ def test_one_shot_chat_answers() -> None:
     text2, _ = chat.respond("And of Italy?", n_predict=24)
     assert chat.cached[:n_before] == chat.prompt_tokens()[:n_before]
     assert "Rome" in text2
+
+
+def test_a_long_prompt_decoded_in_chunks_gives_the_same_reply(tiny_llama: kvtool.Model) -> None:
+    """The chunks that let `run` show a prompt's progress change nothing the model sees."""
+    text = " ".join(["the cat sat on the mat and the dog ran"] * 12)  # several PROMPT_CHUNKs
+    replies, reports = [], []
+    for on_prompt in (None, lambda done, total: reports.append((done, total))):
+        ctx = kvtool.Context(tiny_llama, kvtool.ContextParams(n_ctx=1024))
+        sampler = kvtool.Sampler(kvtool.SamplerParams(temp=0))
+        session = ChatSession(ctx, sampler, use_template=False)
+        replies.append(session.respond(text, 8, on_prompt=on_prompt)[1].tokens)
+        prompt = ctx.model.tokenize(text, add_special=True)
+        assert session.cached[: len(prompt)] == prompt
+    total = reports[-1][1]
+    assert replies[0] == replies[1]
+    assert total > 2 * PROMPT_CHUNK and reports[-1][0] == total
+    assert [d for d, _ in reports] == sorted({d for d, _ in reports})  # grows, chunk by chunk
