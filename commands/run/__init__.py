@@ -15,8 +15,9 @@ from rich.console import Console
 import kvtool
 from kvtool.commands import app, common
 from kvtool.commands.common.generate import Generation
+from kvtool.commands.common.progress import PromptBar
 from kvtool.commands.run.chat import ChatSession
-from kvtool.commands.run.perf import Perf, PromptBar
+from kvtool.commands.run.perf import Perf
 from kvtool.commands.run.pool import ConversationPool
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)

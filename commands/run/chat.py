@@ -14,6 +14,7 @@ from typing import Any
 
 import kvtool
 from kvtool.commands.common.generate import Generation, TextStream, Timings, generate
+from kvtool.commands.common.progress import PROMPT_CHUNK
 
 
 def chat_section(info: kvtool.StateInfo) -> dict[str, Any]:
@@ -35,9 +36,6 @@ def chat_section(info: kvtool.StateInfo) -> dict[str, Any]:
     if tokens is None or len(tokens) != info.seqs[0].pos_max + 1:
         raise kvtool.StateError("corrupted state: the conversation's tokens do not match its cells")
     return chat
-
-
-PROMPT_CHUNK = 256  # tokens a prompt is decoded by when its progress is shown
 
 
 def _common_prefix(a: list[int], b: list[int]) -> list[int]:

@@ -7,9 +7,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from kvtool.commands.common.generate import Timings
 
 
@@ -52,30 +49,3 @@ class Perf:
         if self.ttft is not None:
             out.append(f"{'first token':>16} = {self.ttft * 1e3:10.2f} ms after the turn began")
         return out
-
-
-class PromptBar:
-    """A bar on stderr while a long prompt is decoded (ChatSession.respond's on_prompt); short
-    prompts, done in one chunk, show nothing."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self._bar: Progress | None = None
-
-    def __call__(self, done: int, total: int) -> None:
-        if self._bar is None:
-            if done >= total:
-                return
-            columns = (TextColumn("prompt"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-            self._bar = Progress(*columns, console=self.console, transient=True)
-            self._bar.start()
-            self._task = self._bar.add_task("prompt", total=total)
-        self._bar.update(self._task, completed=done)
-        if done >= total:
-            self.close()
-
-    def close(self) -> None:
-        """Takes the bar away (also when the decode was interrupted)."""
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None

@@ -15,6 +15,7 @@ from rich.table import Table
 import kvtool
 from kvtool.commands import app, common
 from kvtool.commands.common.generate import TextStream, generate
+from kvtool.commands.common.progress import PROMPT_CHUNK, PromptBar
 
 if TYPE_CHECKING:
     import torch
@@ -45,15 +46,25 @@ def save(
     type_k: common.TypeKOpt = "f32",
     type_v: common.TypeVOpt = "f32",
     threads: common.ThreadsOpt = None,
+    no_progress: common.NoProgressOpt = False,
 ) -> None:
     """Decode the prompt (raw text, no chat template) and save the state atomically."""
     kvtool.set_n_threads(threads)
-    m = common.load_model_with_status(model, err)
+    m = common.load_model_with_status(model, common.progress_console(err, no_progress))
     s = 0 if seq is None else seq
     cp = common.context_params(ctx_size, batch_size, ubatch_size, s + 1, kv_unified, swa_full, type_k, type_v)
     ctx = common.make_context(m, cp, err)
     ids = m.tokenize(prompt, add_special=True, parse_special=False)
-    kvtool.decode_tokens(ctx, ids, s, 0)
+    bar = PromptBar(err) if not no_progress and err.is_terminal else None
+    try:  # in chunks, for the bar; the memory ends the same
+        step = PROMPT_CHUNK if bar is not None else max(1, len(ids))
+        for i in range(0, len(ids), step):
+            kvtool.decode_tokens(ctx, ids[i : i + step], s, i)
+            if bar is not None:
+                bar(min(i + step, len(ids)), len(ids))
+    finally:
+        if bar is not None:
+            bar.close()
     n = ctx.state_save_file(output, seq, tokens={s: ids})
     what = "context" if seq is None else f"sequence {seq}"
     err.print(f"saved {len(ids)} tokens ({what}) to {output}: {n:,} bytes")

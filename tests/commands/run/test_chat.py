@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 import kvtool
-from kvtool.commands.run.chat import PROMPT_CHUNK, ChatSession
+from kvtool.commands.common.progress import PROMPT_CHUNK
+from kvtool.commands.run.chat import ChatSession
 
 GREEDY = kvtool.SamplerParams(temp=0.0)
 
