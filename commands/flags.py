@@ -37,6 +37,7 @@ for _names, _offer in [
     ),
     (("-r", "--reverse-prompt"), "no reverse prompts: the reply stops at end of generation or -n tokens"),
     (("-md", "--model-draft", "-ngld", "--draft", "--draft-max"), "kvtool has no speculative decoding"),
+    (("-j", "--json-schema", "--grammar", "--grammar-file"), "kvtool has no constrained (grammar) sampling"),
     (("-co", "--color"), "kvtool colours its notes when stderr is a terminal"),
 ]:
     for _name in _names:
@@ -71,12 +72,17 @@ def check_argv(group: Any, argv: Sequence[str]) -> None:
         i += 1
     if i >= len(args):
         return
-    command = group.commands.get(args[i])
-    if command is None:
-        return  # click names the unknown command
-    where = f"kvtool {args[i]}"
+    command, path = group, ["kvtool"]
+    while i < len(args) and hasattr(command, "commands"):  # down to the verb (`state load`)
+        sub = command.commands.get(args[i])
+        if sub is None:
+            if args[i].startswith("-"):
+                break  # the group's own options
+            return  # click names the unknown command
+        command, path, i = sub, [*path, args[i]], i + 1
+    where = " ".join(path)
     names, valued = _declared(command)
-    rest = iter(args[i + 1 :])
+    rest = iter(args[i:])
     for arg in rest:
         if arg == "--":
             return

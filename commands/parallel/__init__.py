@@ -122,7 +122,7 @@ def parallel(
     pps: Annotated[
         bool, typer.Option("-pps", help="Decode the system prompt once and seq_cp it to every client.")
     ] = False,
-    junk: Annotated[int, typer.Option("-j", "--junk", help="Up to N-1 filler turns per prompt.")] = 1,
+    junk: Annotated[int, typer.Option("--junk", help="Up to N-1 filler turns per prompt.")] = 1,
     file: Annotated[Path | None, typer.Option("-f", "--file", help="Questions, one per line.")] = None,
     system_file: Annotated[
         Path | None,

@@ -57,7 +57,9 @@ def test_llama_cpp_flags_kvtool_lacks_name_themselves_and_the_offer(args: list[s
     assert "\n" not in line and "-n'" not in line
 
 
-@pytest.mark.parametrize("args", [["bench", "-no-cnv"], ["run", "-xyz", "1"], ["state", "save", "-cnv"]])
+@pytest.mark.parametrize(
+    "args", [["bench", "-no-cnv"], ["run", "-xyz", "1"], ["state", "save", "-cnv"], ["state", "load", "-xyz"]]
+)
 def test_unknown_multi_letter_flags_are_named_not_split(args: list[str]) -> None:
     flag = next(a for a in args if a.startswith("-"))
     r = cli(*args)
