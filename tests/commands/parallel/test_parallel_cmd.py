@@ -41,7 +41,23 @@ def summary_numbers(out: str) -> dict[str, int]:
 @pytest.mark.parametrize("flags", [["-pps"], ["-pps", "-kvu", "-nocb"]])
 def test_local_run_lines_summary_and_json(tiny_llama_path: Path, tmp_path: Path, flags: list[str]) -> None:
     js = tmp_path / "run.json"
-    args = ["-m", str(tiny_llama_path), "-np", "2", "-ns", "5", "-n", "4", "-s", "1", "--json", str(js)]
+    # -c 8192: the tiny model's byte-level tokens make the default system transcript ~1500 long
+    args = [
+        "-m",
+        str(tiny_llama_path),
+        "-c",
+        "8192",
+        "-np",
+        "2",
+        "-ns",
+        "5",
+        "-n",
+        "4",
+        "-s",
+        "1",
+        "--json",
+        str(js),
+    ]
     out = run(*args, *flags).stdout
     done = [DONE.match(ln) for ln in out.splitlines() if DONE.match(ln)]
     assert sorted(int(d[2]) for d in done) == list(range(5)) and {d[3] for d in done} == {"5"}
