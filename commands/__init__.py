@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
@@ -18,8 +19,35 @@ app = typer.Typer(
     help="llama.cpp's tools on kvtool's engine: chat, benchmarks, KV memory experiments.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,  # plain click help: readable piped and in 80 columns
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if not value:
+        return
+    from importlib import metadata
+
+    import kvtool
+
+    n = kvtool.set_n_threads(None)  # imports torch: the threads it would compute with
+    print(f"kvtool {metadata.version('kvtool')}, torch {metadata.version('torch')}")
+    print(f"device: CPU ({n} threads; -t sets them)")
+    raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="kvtool's and torch's versions, the device."
+        ),
+    ] = False,
+) -> None:
+    """llama.cpp's tools on kvtool's engine: chat, benchmarks, KV memory experiments."""
 
 
 def _register() -> None:
@@ -30,8 +58,12 @@ def _register() -> None:
 def main() -> None:
     """Console entry point: user errors are one line on stderr and exit code 2."""
     _register()
+    from kvtool.commands.flags import check_argv
+
+    argv = sys.argv[1:]
     try:
-        rc = app(standalone_mode=False)
+        check_argv(typer.main.get_command(app), argv)
+        rc = app(args=argv, prog_name="kvtool", standalone_mode=False)
     except NoArgsIsHelpError as e:
         print(e.ctx.get_help() if e.ctx is not None else "", file=sys.stderr)
         sys.exit(2)

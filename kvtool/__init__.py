@@ -1,19 +1,51 @@
 """kvtool: a GGUF inference engine with llama.cpp's memory model. This module is the public
-API (what llama.h is to llama.cpp's tools): the commands import nothing else."""
+API (what llama.h is to llama.cpp's tools): the commands import nothing else.
 
-from kvtool.batch import Batch, DecodeError
-from kvtool.context import Context, ContextParams
-from kvtool.decode import ContextFullError, context_shift, decode_batch, decode_tokens, resume_seq
-from kvtool.errors import KvtoolError, ModelFetchError, ModelLoadError, StateError
-from kvtool.kv_dims import KVDims, read_kv_dims
-from kvtool.memory.base import MemoryStatus
-from kvtool.memory.defrag import apply_defrag, plan_defrag
-from kvtool.memory.kv_cells import KVCells
-from kvtool.model import Model, load_model
-from kvtool.registry import DEFAULT_MODEL, KNOWN_MODELS, fetch_model, is_present, model_path, resolve_model
-from kvtool.sampling import Sampler, SamplerParams
-from kvtool.state import ConversationStore, SeqInfo, StateInfo, inspect_state
-from kvtool.threads import set_n_threads
+Names are resolved on first use (PEP 562), so that `kvtool --help` and the light parts of the
+API (errors, the model registry) answer without importing torch."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# the module each public name lives in
+_WHERE = {
+    "Batch": "kvtool.batch",
+    "DecodeError": "kvtool.batch",
+    "Context": "kvtool.context",
+    "ContextParams": "kvtool.context",
+    "ContextFullError": "kvtool.decode",
+    "decode_batch": "kvtool.decode",
+    "decode_tokens": "kvtool.decode",
+    "resume_seq": "kvtool.decode",
+    "context_shift": "kvtool.decode",
+    "KVDims": "kvtool.kv_dims",
+    "read_kv_dims": "kvtool.kv_dims",
+    "apply_defrag": "kvtool.memory.defrag",
+    "plan_defrag": "kvtool.memory.defrag",
+    "KVCells": "kvtool.memory.kv_cells",
+    "KvtoolError": "kvtool.errors",
+    "ModelFetchError": "kvtool.errors",
+    "ModelLoadError": "kvtool.errors",
+    "StateError": "kvtool.errors",
+    "MemoryStatus": "kvtool.memory.base",
+    "Model": "kvtool.model",
+    "load_model": "kvtool.model",
+    "DEFAULT_MODEL": "kvtool.registry",
+    "KNOWN_MODELS": "kvtool.registry",
+    "fetch_model": "kvtool.registry",
+    "is_present": "kvtool.registry",
+    "model_path": "kvtool.registry",
+    "resolve_model": "kvtool.registry",
+    "Sampler": "kvtool.sampling",
+    "SamplerParams": "kvtool.sampling",
+    "ConversationStore": "kvtool.state",
+    "SeqInfo": "kvtool.state",
+    "StateInfo": "kvtool.state",
+    "inspect_state": "kvtool.state",
+    "set_n_threads": "kvtool.threads",
+}
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -51,3 +83,37 @@ __all__ = [
     "resume_seq",
     "set_n_threads",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvtool' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
+
+
+if TYPE_CHECKING:  # what type checkers and editors see
+    from kvtool.batch import Batch, DecodeError
+    from kvtool.context import Context, ContextParams
+    from kvtool.decode import ContextFullError, context_shift, decode_batch, decode_tokens, resume_seq
+    from kvtool.errors import KvtoolError, ModelFetchError, ModelLoadError, StateError
+    from kvtool.kv_dims import KVDims, read_kv_dims
+    from kvtool.memory.base import MemoryStatus
+    from kvtool.memory.defrag import apply_defrag, plan_defrag
+    from kvtool.memory.kv_cells import KVCells
+    from kvtool.model import Model, load_model
+    from kvtool.registry import (
+        DEFAULT_MODEL,
+        KNOWN_MODELS,
+        fetch_model,
+        is_present,
+        model_path,
+        resolve_model,
+    )
+    from kvtool.sampling import Sampler, SamplerParams
+    from kvtool.state import ConversationStore, SeqInfo, StateInfo, inspect_state
+    from kvtool.threads import set_n_threads

@@ -3,8 +3,6 @@ never as a side effect of loading a model or making a context."""
 
 from __future__ import annotations
 
-import torch
-
 from kvtool.errors import KvtoolError
 
 
@@ -13,6 +11,8 @@ def set_n_threads(n: int | None = None) -> int:
     returns the number now in use."""
     if n is not None and n < 0:
         raise KvtoolError(f"the number of threads must be positive, got {n}")
+    import torch  # here, not at import: `kvtool --help` must not load torch
+
     if n:
         torch.set_num_threads(n)
     return torch.get_num_threads()

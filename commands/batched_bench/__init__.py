@@ -79,6 +79,7 @@ def batched_bench(
         str, typer.Option("--output-format", help="md (table) or jsonl (one object per row).")
     ] = "md",
     seed: Annotated[int, typer.Option("-s", "--seed", help="Seed of the random tokens.")] = 1,
+    no_progress: common.NoProgressOpt = False,
 ) -> None:
     """Batched decoding benchmark (llama-batched-bench): every (PP, TG, B) that fits the context."""
     if output_format not in ("md", "jsonl"):
@@ -87,7 +88,8 @@ def batched_bench(
     if min(pl_list) < 1:
         raise typer.BadParameter("B must be at least 1", param_hint="-npl")
     n_threads = kvtool.set_n_threads(threads)
-    m = common.load_model_with_status(model, err)
+    shown = common.progress_console(err, no_progress)
+    m = common.load_model_with_status(model, shown)
     if ctx_size <= 0:  # every combination fits: per stream in split mode, in total when unified
         combos = [(pp, tg, pl) for pp in pps_list for tg in tg_list for pl in pl_list]
         if kv_unified:
@@ -123,7 +125,7 @@ def batched_bench(
                 if reason is not None:
                     err.print(f"[dim]skipped PP = {pp}, TG = {tg}, B = {pl}: {reason}[/]")
                     continue
-                with err.status(f"PP = {pp}, TG = {tg}, B = {pl}", spinner="dots"):
+                with shown.status(f"PP = {pp}, TG = {tg}, B = {pl}", spinner="dots"):
                     r = batched_run(ctx, pp, tg, pl, pps, rng, tg_separate=tgs)
                 if output_format == "md":
                     print(md_row(r), flush=True)

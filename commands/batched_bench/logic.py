@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass
 
 import kvtool
-from kvtool import Batch
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ def batched_skip_reason(ctx: kvtool.Context, pp: int, tg: int, pl: int, pps: boo
 def batched_warmup(ctx: kvtool.Context, rng: random.Random) -> None:
     """16 random tokens on sequence 0, as llama-batched-bench warms up."""
     ctx.clear()
-    b = Batch()
+    b = kvtool.Batch()
     for i in range(16):
         b.add(rng.randrange(ctx.model.n_vocab), i, (0,), False)
     kvtool.decode_batch(ctx, b)
@@ -79,7 +78,7 @@ def batched_run(
     seq_cp after the clock stops, when `pps`). Generation phase: tg steps of one token per
     sequence in one batch (or each sequence alone, `tg_separate`)."""
     n_vocab = ctx.model.n_vocab
-    b = Batch()
+    b = kvtool.Batch()
     for s in range(1 if pps else pl):
         for i in range(pp):
             b.add(rng.randrange(n_vocab), i, (s,), i == pp - 1)
@@ -94,10 +93,10 @@ def batched_run(
     if tg_separate:
         for s in range(pl):
             for i in range(tg):
-                kvtool.decode_batch(ctx, Batch([rng.randrange(n_vocab)], [pp + i], [(s,)], [True]))
+                kvtool.decode_batch(ctx, kvtool.Batch([rng.randrange(n_vocab)], [pp + i], [(s,)], [True]))
     else:
         for i in range(tg):
-            step = Batch()
+            step = kvtool.Batch()
             for s in range(pl):
                 step.add(rng.randrange(n_vocab), pp + i, (s,), True)
             kvtool.decode_batch(ctx, step)

@@ -85,6 +85,7 @@ def bench(
     ] = None,
     no_warmup: Annotated[bool, typer.Option("--no-warmup", help="Skip the warmup runs.")] = False,
     seed: Annotated[int, typer.Option("-s", "--seed", help="Seed of the random tokens.")] = 1,
+    no_progress: common.NoProgressOpt = False,
 ) -> None:
     """Benchmark prompt processing and generation (llama-bench).
 
@@ -120,12 +121,12 @@ def bench(
     ]
     n_jobs, done = sum(len(j) for j in per_model), 0
     for name, jobs in zip(models, per_model, strict=True):  # a model stays loaded for its tests
-        m = common.load_model_with_status(name, err)
+        m = common.load_model_with_status(name, common.progress_console(err, no_progress))
         with Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
             TimeElapsedColumn(),
-            console=err,
+            console=common.progress_console(err, no_progress),
             transient=True,
         ) as progress:
             task = progress.add_task("bench", total=len(jobs))

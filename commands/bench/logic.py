@@ -11,8 +11,6 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import gguf
-
 import kvtool
 
 
@@ -25,6 +23,8 @@ def model_desc(model: kvtool.Model) -> str:
         types = Counter(model.file.tensor_type(t) for t in model.file.tensor_names())
         return f"{model.arch} {size} {types.most_common(1)[0][0] if types else '?'}"
     try:
+        import gguf  # here: numpy and gguf are slow to import and --help needs neither
+
         kind = gguf.LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_")
     except ValueError:
         kind = "?"

@@ -34,6 +34,16 @@ KvUnifiedOpt = Annotated[
     ),
 ]
 
+NoProgressOpt = Annotated[
+    bool, typer.Option("--no-progress", help="No progress on stderr (it shows only on a terminal).")
+]
+
+
+def progress_console(console: Console, no_progress: bool) -> Console:
+    """Where spinners and bars go: `console`, or nowhere with --no-progress. rich draws them
+    only on a terminal, so a pipe or a file gets none either way."""
+    return Console(stderr=True, quiet=True) if no_progress else console
+
 
 DefragTholOpt = Annotated[
     float | None,

@@ -6,10 +6,12 @@ import codecs
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 import kvtool
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -80,6 +82,8 @@ def generate(
     `ignore_eos` bans end-of-generation tokens (llama.cpp's --ignore-eos). With `n_keep`
     (llama.cpp's --context-shift), a full context is shifted (`shift_context`) instead of
     stopping the generation; the shifts are listed in the result."""
+    import torch  # here, not at import: `kvtool --help` must not load torch
+
     model = ctx.model
     banned = torch.tensor(sorted(model.vocab.eog_ids), dtype=torch.long) if ignore_eos else None
     out: list[int] = []

@@ -22,7 +22,7 @@ import kvtool
 from kvtool.commands import app, common
 from kvtool.commands.defrag_sim.trace import TraceRecorder
 from kvtool.commands.parallel.http import HttpParallelSim
-from kvtool.commands.parallel.prompts import QUESTIONS, read_prompts
+from kvtool.commands.parallel.prompts import QUESTIONS, SYSTEM_PROMPT, read_prompts
 from kvtool.commands.parallel.sim import Client, ParallelParams, ParallelSim, ParallelSummary, RequestRecord
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -125,8 +125,12 @@ def parallel(
     pps: Annotated[
         bool, typer.Option("-pps", help="Decode the system prompt once and seq_cp it to every client.")
     ] = False,
-    junk: Annotated[int, typer.Option("-j", "--junk", help="Up to N-1 filler turns per prompt.")] = 1,
+    junk: Annotated[int, typer.Option("--junk", help="Up to N-1 filler turns per prompt.")] = 1,
     file: Annotated[Path | None, typer.Option("-f", "--file", help="Questions, one per line.")] = None,
+    system_file: Annotated[
+        Path | None,
+        typer.Option("--system-file", help="The shared system prompt (default: a ~290-token transcript)."),
+    ] = None,
     seed: Annotated[int, typer.Option("-s", "--seed", help="Sampler seed (<0: random per client).")] = -1,
     temp: Annotated[float, typer.Option("--temp", help="Temperature (<= 0: greedy).")] = 0.8,
     server: Annotated[
@@ -156,9 +160,23 @@ def parallel(
         out.print(Text(f"questions from {file}:", style="green"))
         for i, q in enumerate(prompts, 1):
             out.print(Text(f"{i:3d} prompt: {q}"))
+    system = SYSTEM_PROMPT
+    if system_file is not None:
+        try:
+            system = system_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise typer.BadParameter(f"cannot read {system_file}: {e}", param_hint="--system-file") from e
     sp = kvtool.SamplerParams(seed=seed, temp=temp)
     params = ParallelParams(
-        n_parallel, n_sequences, n_predict, cont_batching, pps, junk, prompts=prompts, sampler=sp
+        n_parallel,
+        n_sequences,
+        n_predict,
+        cont_batching,
+        pps,
+        junk,
+        prompts=prompts,
+        sampler=sp,
+        system=system,
     )
     sim: Sim
     rec: TraceRecorder | None = None

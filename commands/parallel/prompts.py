@@ -1,5 +1,9 @@
 """The texts of the parallel simulation: a system transcript in llama-parallel's plain
-"User:/Assistant:" format, built-in questions, filler turns, and the per-request draw."""
+"User:/Assistant:" format, built-in questions, filler turns, and the per-request draw.
+
+The shapes follow llama-parallel's defaults so that the totals compare: a shared system
+transcript of about 290 SmolLM2 tokens and one-line questions of 10-20 tokens (the texts are
+kvtool's own)."""
 
 from __future__ import annotations
 
@@ -24,6 +28,17 @@ SYSTEM_PROMPT = "\n".join(
         "Hamlet was written by William Shakespeare around the year 1600. It is one of his longest plays "
         "and follows a Danish prince who sets out to avenge his father's murder, with tragic results "
         "for nearly everyone involved.",
+        "User:",
+        "How many bones are there in the adult human body?",
+        "Assistant:",
+        "An adult human body has 206 bones. Babies are born with closer to 300, but many of them fuse "
+        "together during childhood.",
+        "User:",
+        "Can you recommend a simple way to start learning to cook?",
+        "Assistant:",
+        "Start with a few dishes you already enjoy eating, such as an omelette, a pot of soup or a "
+        "pasta sauce, and cook each of them several times until it feels easy. Keep a sharp knife, "
+        "taste as you go, and add salt a little at a time.",
         "",
     ]
 )

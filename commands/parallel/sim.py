@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 import kvtool
-from kvtool import Batch, DecodeError, Sampler, SamplerParams
 from kvtool.commands.common.generate import TextStream
 from kvtool.commands.parallel.prompts import QUESTIONS, SYSTEM_PROMPT, pick_requests
 
@@ -29,7 +28,7 @@ class ParallelParams:
     n_junk: int = 1
     system: str = SYSTEM_PROMPT
     prompts: Sequence[str] = QUESTIONS
-    sampler: SamplerParams = field(default_factory=SamplerParams)
+    sampler: kvtool.SamplerParams = field(default_factory=lambda: kvtool.SamplerParams())
     prompt_seed: int = 1234  # request order and junk, fixed like llama-parallel's srand(1234)
 
 
@@ -88,9 +87,9 @@ class ParallelSummary:
         return d
 
 
-def _view(batch: Batch, i: int, j: int) -> Batch:
+def _view(batch: kvtool.Batch, i: int, j: int) -> kvtool.Batch:
     """Tokens i..j of a batch (llama.cpp's batch views)."""
-    return Batch(batch.tokens[i:j], batch.pos[i:j], batch.seq_ids[i:j], batch.logits[i:j])
+    return kvtool.Batch(batch.tokens[i:j], batch.pos[i:j], batch.seq_ids[i:j], batch.logits[i:j])
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,7 @@ class Client:
     """A simulated client; `seq` is its current request (-1: idle)."""
 
     id: int
-    sampler: Sampler
+    sampler: kvtool.Sampler
     stream: TextStream
     seq: int = -1
     sampled: int = 0
@@ -140,7 +139,7 @@ class ParallelSim:
         if params.sampler.seed < 0:  # different random seeds per client, as llama-parallel
             seeds = [random.getrandbits(31) for _ in range(params.n_clients)]
         self.clients = [
-            Client(i, Sampler(replace(params.sampler, seed=s)), TextStream(ctx.model))
+            Client(i, kvtool.Sampler(replace(params.sampler, seed=s)), TextStream(ctx.model))
             for i, s in enumerate(seeds)
         ]
         self.system_tokens = ctx.model.tokenize(params.system, add_special=True)
@@ -170,7 +169,7 @@ class ParallelSim:
         on_finish: Callable[[RequestRecord], None] | None = None,
         on_miss: Callable[[int], None] | None = None,
     ) -> ParallelSummary:
-        """Serves n_sequences requests; raises DecodeError if a batch of one token fails."""
+        """Serves n_sequences requests; raises kvtool.DecodeError if a batch of one token fails."""
         ctx, p = self.ctx, self.p
         self.t0 = time.perf_counter()
         if p.shared_system:
@@ -178,7 +177,7 @@ class ParallelSim:
             for c in self.clients:
                 ctx.memory.seq_cp(0, c.kv_seq, -1, -1)
         while True:
-            batch = Batch()
+            batch = kvtool.Batch()
             for c in self.clients:
                 if c.seq >= 0:
                     c.i_batch = len(batch)
@@ -210,7 +209,7 @@ class ParallelSim:
             self.records,
         )
 
-    def _start(self, c: Client, batch: Batch) -> None:
+    def _start(self, c: Client, batch: kvtool.Batch) -> None:
         p = self.p
         c.seq = self.next_seq
         self.next_seq += 1
@@ -236,7 +235,7 @@ class ParallelSim:
 
     def _decode_step(
         self,
-        batch: Batch,
+        batch: kvtool.Batch,
         on_finish: Callable[[RequestRecord], None] | None,
         on_miss: Callable[[int], None] | None,
     ) -> None:
@@ -249,9 +248,11 @@ class ParallelSim:
             n = min(n_batch, len(batch) - i)
             try:
                 self.ctx.decode(_view(batch, i, i + n))
-            except DecodeError as e:
+            except kvtool.DecodeError as e:
                 if n_batch == 1 or e.status < 0:
-                    raise DecodeError(f"{e} (n_batch = {n_batch}; raise -c/--ctx-size)", e.status) from e
+                    raise kvtool.DecodeError(
+                        f"{e} (n_batch = {n_batch}; raise -c/--ctx-size)", e.status
+                    ) from e
                 self.n_cache_miss += 1
                 n_batch //= 2
                 if on_miss is not None:

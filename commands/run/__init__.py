@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -12,11 +11,13 @@ from rich.console import Console
 
 import kvtool
 from kvtool.commands import app, common
-from kvtool.commands.common.generate import Generation
+from kvtool.commands.common.progress import PromptBar
 from kvtool.commands.run.chat import ChatSession
-from kvtool.commands.run.pool import ConversationPool
+from kvtool.commands.run.keeper import Keeper, err
+from kvtool.commands.run.loop import COMMANDS, chat, one_shot
+from kvtool.commands.run.perf import Perf
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+_quiet = Console(stderr=True, quiet=True)  # --no-progress: no spinner while loading
 
 
 @app.command("run")
@@ -24,6 +25,17 @@ def run(
     model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     prompt: Annotated[
         str | None, typer.Option("-p", "--prompt", help="One-shot: complete this and exit.")
+    ] = None,
+    file: Annotated[
+        Path | None, typer.Option("-f", "--file", help="Read the prompt (-p) from this file.")
+    ] = None,
+    conversation_mode: Annotated[
+        bool | None,
+        typer.Option(
+            "--conversation/--no-conversation",
+            "-cnv/-no-cnv",
+            help="-cnv: keep chatting after -p's answer; -no-cnv: complete -p as raw text and exit.",
+        ),
     ] = None,
     n_predict: Annotated[
         int, typer.Option("-n", "--n-predict", help="Tokens to generate (-1: until end).")
@@ -63,6 +75,9 @@ def run(
     type_v: common.TypeVOpt = "f32",
     defrag_thold: common.DefragTholOpt = None,
     defrag: common.DefragOpt = None,
+    no_progress: Annotated[
+        bool, typer.Option("--no-progress", help="No progress on stderr (loading, long prompts).")
+    ] = False,
     verbose: Annotated[
         bool, typer.Option("-v", "--verbose", help="Model, template and context details.")
     ] = False,
@@ -82,8 +97,21 @@ def run(
     ] = None,
 ) -> None:
     """Chat with a model (interactive, or turns read from a pipe), or complete one prompt (-p)."""
+    if file is not None:
+        if prompt is not None:
+            raise typer.BadParameter("give the prompt with -p or -f, not both", param_hint="-f")
+        try:
+            prompt = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise typer.BadParameter(f"cannot read {file}: {e}", param_hint="-f") from e
+    if conversation_mode is False:  # llama-cli -no-cnv: plain completion of the prompt
+        if prompt is None:
+            raise typer.BadParameter("needs a prompt (-p TEXT or -f FILE)", param_hint="-no-cnv")
+        no_chat = True
     kvtool.set_n_threads(threads)
-    m = common.load_model_with_status(model, err)
+    t_load_start = time.perf_counter()
+    m = common.load_model_with_status(model, err if not no_progress else _quiet)
+    t_load = time.perf_counter() - t_load_start
     if jinja:
         m.use_chat_template(jinja=True)
     n_seq_max = parallel or (4 if store is not None else 1)
@@ -121,160 +149,27 @@ def run(
             keep=keep if context_shift else None,
         )
 
-    keeper = _Keeper(ctx, new_session, session_file, store, conversation)
+    keeper = Keeper(ctx, new_session, session_file, store, conversation)
+    perf = Perf(t_start=t_load_start, t_load=t_load)
+    if not no_chat and m.file.get("tokenizer.chat_template", None) is None:
+        err.print(
+            f"[yellow]note: {m.path.name} has no chat template (a pretrained model?): "
+            "its replies may ramble; --no-chat completes raw text[/]"
+        )
+    show = not no_progress and err.is_terminal
+    bar = PromptBar(err) if show else None
     if verbose:
         err.print(
             f"model: {m.name} ({m.arch}, {m.path}); chat template: {m.chat_template.name}; "
             f"n_ctx = {ctx.n_ctx}; seed = {keeper.session.sampler.seed}"
         )
     try:
-        if prompt is not None:
-            _one_shot(keeper.session, prompt, n_predict)
+        if prompt is not None and not conversation_mode:
+            one_shot(keeper.session, prompt, n_predict, perf, bar)
         else:
-            _chat(keeper, n_predict)
+            chat(keeper, n_predict, perf, bar, verbose, first=prompt)
     finally:
         keeper.finish()
 
 
-class _Keeper:
-    """Where conversations are kept: a session file (like llama-cli's prompt cache), a store of
-    named conversations sharing the model, or nowhere. `/save NAME` and `/load NAME` go to
-    files, or with a store to its conversations (`/load` switches)."""
-
-    def __init__(
-        self,
-        ctx: kvtool.Context,
-        new_session: Callable[[int], ChatSession],
-        session_file: Path | None,
-        store: Path | None,
-        name: str,
-    ) -> None:
-        self.file = session_file
-        self.pool = (
-            None if store is None else ConversationPool(ctx, kvtool.ConversationStore(store), new_session)
-        )
-        self.name = name
-        if self.pool is not None:
-            self.session = self.pool.open(name)
-            if self.session.messages or self.session.cached:
-                err.print(f"[dim](conversation '{name}': {self._summary()})[/]")
-            return
-        self.session = new_session(0)
-        if session_file is not None and session_file.exists():
-            self.session.load_state(session_file)
-            err.print(f"[dim](resumed {session_file}: {self._summary()})[/]")
-
-    def _summary(self) -> str:
-        return f"{len(self.session.messages)} messages, {len(self.session.cached)} tokens"
-
-    def save(self, name: str) -> str:
-        if self.pool is not None:
-            self.pool.save(self.name, as_name=name)
-            return f"saved as '{name}' in the store"
-        n = self.session.save_state(name)
-        return f"saved to {name} ({n:,} bytes)"
-
-    def load(self, name: str) -> str:
-        if self.pool is not None:
-            self.pool.save(self.name)
-            self.session, self.name = self.pool.open(name), name
-            return f"conversation '{name}': {self._summary()}"
-        self.session.load_state(name)
-        return f"loaded {name}: {self._summary()}"
-
-    def listing(self) -> str:
-        if self.pool is None:
-            return "no store (use --store DB)"
-        rows = self.pool.store.list()
-        return ", ".join(f"{r.name}{'*' if r.name == self.name else ''} ({r.n_messages})" for r in rows)
-
-    def finish(self) -> None:
-        if self.pool is not None:
-            self.pool.close_all()
-            self.pool.store.close()
-        elif self.file is not None:
-            self.session.save_state(self.file)
-
-
-def _write(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
-
-
-def _stop_note(gen: Generation, ctx: kvtool.Context) -> None:
-    if gen.stop == "ctx_full":
-        err.print(f"[yellow]context full (n_ctx = {ctx.n_ctx_seq}): the reply stopped; /clear starts over[/]")
-    elif gen.stop == "interrupted":
-        err.print("[yellow](interrupted)[/]")
-
-
-def _one_shot(session: ChatSession, prompt: str, n_predict: int) -> None:
-    _, gen = session.respond(prompt, n_predict, _write)
-    _write("\n")
-    _stop_note(gen, session.ctx)
-    err.print(session.timings.line())
-
-
-def _read_turns():  # type: ignore[no-untyped-def]
-    """User turns: prompted on a terminal, else one per line of standard input."""
-    if sys.stdin.isatty():
-        import readline  # noqa: F401  (line editing and history for input())
-
-        while True:
-            try:
-                yield input("\n> ")
-            except EOFError:
-                return
-    else:
-        for line in sys.stdin:
-            line = line.rstrip("\n")
-            _write(f"\n> {line}\n")
-            yield line
-
-
-def _chat(keeper: _Keeper, n_predict: int) -> None:
-    if sys.stdin.isatty():
-        err.print(
-            "[dim]Chat with the model. /clear forgets the conversation, /save NAME and /load NAME keep "
-            "and resume it, /list shows a store's, /exit quits; Ctrl-C stops a reply.[/]"
-        )
-    try:
-        for line in _read_turns():
-            text = line.strip()
-            session = keeper.session
-            if not text:
-                continue
-            if text in ("/exit", "/quit"):
-                return
-            if text == "/clear":
-                session.clear()
-                err.print("[dim](conversation cleared)[/]")
-                continue
-            if text == "/list":
-                err.print(f"[dim]{keeper.listing()}[/]")
-                continue
-            cmd, _, arg = text.partition(" ")
-            if cmd in ("/save", "/load"):
-                try:
-                    if not arg.strip():
-                        raise kvtool.StateError(f"{cmd} needs a name")
-                    note = keeper.save(arg.strip()) if cmd == "/save" else keeper.load(arg.strip())
-                    err.print(f"[dim]({note})[/]")
-                except kvtool.StateError as e:
-                    err.print(f"[yellow]{e}[/]")
-                continue
-            n0, t0 = session.timings.n_gen, session.timings.t_gen
-            try:
-                _, gen = session.respond(text, n_predict, _write)
-            except kvtool.ContextFullError as e:
-                err.print(f"[yellow]{e}; /clear starts over[/]")
-                continue
-            except KeyboardInterrupt:  # while the prompt was being decoded: drop the turn
-                err.print("[yellow](interrupted)[/]")
-                continue
-            _write("\n")
-            _stop_note(gen, session.ctx)
-            dn, dt = session.timings.n_gen - n0, session.timings.t_gen - t0  # this reply's share
-            err.print(f"[dim]{len(gen.tokens)} tokens, {dn / dt if dt > 0 else 0:.1f} t/s[/]")
-    except KeyboardInterrupt:  # Ctrl-C at the prompt leaves the chat
-        _write("\n")
+__all__ = ["COMMANDS", "run"]

@@ -14,6 +14,7 @@ from typing import Any
 
 import kvtool
 from kvtool.commands.common.generate import Generation, TextStream, Timings, generate, shift_context
+from kvtool.commands.common.progress import PROMPT_CHUNK
 
 
 def chat_section(info: kvtool.StateInfo) -> dict[str, Any]:
@@ -35,6 +36,15 @@ def chat_section(info: kvtool.StateInfo) -> dict[str, Any]:
     if tokens is None or len(tokens) != info.seqs[0].pos_max + 1:
         raise kvtool.StateError("corrupted state: the conversation's tokens do not match its cells")
     return chat
+
+
+def _common_prefix(a: list[int], b: list[int]) -> list[int]:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return b[:n]
 
 
 class ChatSession:
@@ -83,9 +93,14 @@ class ChatSession:
         return model.tokenize(rendered, add_special=True, parse_special=True)
 
     def respond(
-        self, user_text: str, n_predict: int = -1, on_text: Callable[[str], None] | None = None
+        self,
+        user_text: str,
+        n_predict: int = -1,
+        on_text: Callable[[str], None] | None = None,
+        on_prompt: Callable[[int, int], None] | None = None,
     ) -> tuple[str, Generation]:
-        """Adds the user's turn, generates the reply (streamed through on_text), records it."""
+        """Adds the user's turn, generates the reply (streamed through on_text), records it.
+        `on_prompt(done, total)` follows the prompt's decoding, PROMPT_CHUNK tokens at a time."""
         if self.use_template:
             self.messages.append({"role": "user", "content": user_text})
             tokens = self.prompt_tokens()
@@ -101,7 +116,7 @@ class ChatSession:
         tokens = self._shift_to_fit(tokens)
         t0 = time.perf_counter()
         try:
-            kept, logits = kvtool.resume_seq(self.ctx, self.seq, tokens, self.cached)
+            kept, logits = self._decode_prompt(tokens, on_prompt)
         except BaseException:
             # resume_seq leaves a prefix of what the sequence held: cut `cached` to it
             self.cached = self.cached[: self.ctx.memory.seq_pos_max(self.seq) + 1]
@@ -188,6 +203,25 @@ class ChatSession:
             return len(self.cached)
         bos = self.ctx.model.vocab.bos
         return min(self.keep + int(bool(self.cached) and self.cached[0] == bos), len(self.cached))
+
+    def _decode_prompt(
+        self, tokens: list[int], on_prompt: Callable[[int, int], None] | None
+    ) -> tuple[int, Any]:
+        """resume_seq on growing prefixes of `tokens`, so that a long prompt reports progress:
+        each call keeps what the previous one decoded. Returns (positions kept, logits)."""
+        if on_prompt is None:
+            return kvtool.resume_seq(self.ctx, self.seq, tokens, self.cached)
+        kept, logits = -1, None
+        held = self.cached
+        n = min(len(tokens), len(_common_prefix(held, tokens)) + PROMPT_CHUNK)
+        while True:
+            k, logits = kvtool.resume_seq(self.ctx, self.seq, tokens[:n], held)
+            kept = k if kept < 0 else kept
+            self.cached = held = tokens[:n]  # on an error in the next chunk, this much is in
+            on_prompt(n - kept, len(tokens) - kept)
+            if n == len(tokens):
+                return kept, logits
+            n = min(len(tokens), n + PROMPT_CHUNK)
 
     # -- saving and resuming --------------------------------------------------------------------
     def _state_args(self) -> dict[str, Any]:

@@ -6,17 +6,19 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import torch
 import typer
 from rich.console import Console
 from rich.table import Table
 
 import kvtool
-from kvtool import ConversationStore, StateInfo, inspect_state
 from kvtool.commands import app, common
 from kvtool.commands.common.generate import TextStream, generate
+from kvtool.commands.common.progress import PROMPT_CHUNK, PromptBar
+
+if TYPE_CHECKING:
+    import torch
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 state_app = typer.Typer(
@@ -44,15 +46,25 @@ def save(
     type_k: common.TypeKOpt = "f32",
     type_v: common.TypeVOpt = "f32",
     threads: common.ThreadsOpt = None,
+    no_progress: common.NoProgressOpt = False,
 ) -> None:
     """Decode the prompt (raw text, no chat template) and save the state atomically."""
     kvtool.set_n_threads(threads)
-    m = common.load_model_with_status(model, err)
+    m = common.load_model_with_status(model, common.progress_console(err, no_progress))
     s = 0 if seq is None else seq
     cp = common.context_params(ctx_size, batch_size, ubatch_size, s + 1, kv_unified, swa_full, type_k, type_v)
     ctx = common.make_context(m, cp, err)
     ids = m.tokenize(prompt, add_special=True, parse_special=False)
-    kvtool.decode_tokens(ctx, ids, s, 0)
+    bar = PromptBar(err) if not no_progress and err.is_terminal else None
+    try:  # in chunks, for the bar; the memory ends the same
+        step = PROMPT_CHUNK if bar is not None else max(1, len(ids))
+        for i in range(0, len(ids), step):
+            kvtool.decode_tokens(ctx, ids[i : i + step], s, i)
+            if bar is not None:
+                bar(min(i + step, len(ids)), len(ids))
+    finally:
+        if bar is not None:
+            bar.close()
     n = ctx.state_save_file(output, seq, tokens={s: ids})
     what = "context" if seq is None else f"sequence {seq}"
     err.print(f"saved {len(ids)} tokens ({what}) to {output}: {n:,} bytes")
@@ -81,7 +93,7 @@ def load(
     threads: common.ThreadsOpt = None,
 ) -> None:
     """Restore a state and print the continuation on stdout (greedy unless --temp > 0)."""
-    info = inspect_state(input)
+    info = kvtool.inspect_state(input)
     saved = [s.seq_id for s in info.seqs]
     if info.kind == "context" and seq is not None and seq not in saved:
         raise kvtool.StateError(f"{input} holds sequences {saved}, not {seq}")
@@ -107,7 +119,7 @@ def load(
     )
 
 
-def _next_logits(ctx: kvtool.Context, info: StateInfo, seq: int, more: str | None) -> torch.Tensor:
+def _next_logits(ctx: kvtool.Context, info: kvtool.StateInfo, seq: int, more: str | None) -> torch.Tensor:
     """The logits generation starts from: a context state's own when it holds one sequence and
     nothing is added, else those kvtool.resume_seq computes after the saved tokens and `more`."""
     n_held = ctx.memory.seq_pos_max(seq) + 1
@@ -130,7 +142,7 @@ def _write(text: str) -> None:
 @state_app.command("inspect")
 def inspect(file: Annotated[Path, typer.Argument(help="A state file.")]) -> None:
     """Show a state file's header: model, memory layout, sequences, token counts, sizes."""
-    info = inspect_state(file)
+    info = kvtool.inspect_state(file)
     out = Console(highlight=False, soft_wrap=True)
     out.print(f"file: {file} ({info.n_bytes:,} bytes, checksum ok)")
     out.print(f"format: kvtool.state version {info.version}, {info.kind} state")
@@ -181,7 +193,7 @@ def list_store(
     """List the conversations of a store: name, model, tokens, messages, size, last save."""
     if not store.is_file():
         raise kvtool.StateError(f"no conversation store {store}")
-    with ConversationStore(store) as db:
+    with kvtool.ConversationStore(store) as db:
         rows = db.list()
     table = Table(title=f"conversations in {store}")
     for col in ("name", "model", "tokens", "messages", "bytes", "saved"):

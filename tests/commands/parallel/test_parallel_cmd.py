@@ -41,7 +41,23 @@ def summary_numbers(out: str) -> dict[str, int]:
 @pytest.mark.parametrize("flags", [["-pps"], ["-pps", "-kvu", "-nocb"]])
 def test_local_run_lines_summary_and_json(tiny_llama_path: Path, tmp_path: Path, flags: list[str]) -> None:
     js = tmp_path / "run.json"
-    args = ["-m", str(tiny_llama_path), "-np", "2", "-ns", "5", "-n", "4", "-s", "1", "--json", str(js)]
+    # -c 8192: the tiny model's byte-level tokens make the default system transcript ~1500 long
+    args = [
+        "-m",
+        str(tiny_llama_path),
+        "-c",
+        "8192",
+        "-np",
+        "2",
+        "-ns",
+        "5",
+        "-n",
+        "4",
+        "-s",
+        "1",
+        "--json",
+        str(js),
+    ]
     out = run(*args, *flags).stdout
     done = [DONE.match(ln) for ln in out.splitlines() if DONE.match(ln)]
     assert sorted(int(d[2]) for d in done) == list(range(5)) and {d[3] for d in done} == {"5"}
@@ -98,3 +114,26 @@ def test_server_failures_exit_nonzero(tmp_path: Path) -> None:
     with sse_server(ServerLog(fail_every=3)) as url:
         result = run("--server", url, "-np", "1", "-ns", "3", "-n", "2", code=1)
     assert "HTTP 500" in result.stdout and re.search(r"^Failed requests: +1$", result.stdout, re.M)
+
+
+def test_system_prompt_from_a_file(tiny_llama, tiny_llama_path: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    system = tmp_path / "sys.txt"
+    system.write_text("You are a terse assistant.\nUser:\nhi\nAssistant:\nhello\n", encoding="utf-8")
+    out = run(
+        "-m", str(tiny_llama_path), "-np", "1", "-ns", "1", "-n", "2", "--system-file", str(system)
+    ).stdout
+    want = len(tiny_llama.tokenize(system.read_text(encoding="utf-8"), add_special=True))
+    assert int(re.search(r"system tokens = (\d+)", out)[1]) == want
+    missing = runner.invoke(
+        app, ["parallel", "-m", str(tiny_llama_path), "--system-file", str(tmp_path / "no")]
+    )
+    assert missing.exit_code == 2
+
+
+@pytest.mark.real
+def test_default_requests_have_llama_parallels_shape() -> None:
+    from kvtool.commands.parallel.prompts import QUESTIONS, SYSTEM_PROMPT
+
+    m = kvtool.Model(kvtool.resolve_model("smollm2"))
+    assert 280 <= len(m.tokenize(SYSTEM_PROMPT, add_special=True)) <= 300  # llama-parallel's: ~290
+    assert all(5 <= len(m.tokenize(q, add_special=False)) <= 20 for q in QUESTIONS)  # one line each

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import kvtool
+from kvtool.commands.common.progress import PROMPT_CHUNK
 from kvtool.commands.run.chat import ChatSession
 from tests.helpers.tiny_gemma3 import write_tiny_gemma3
 from tests.helpers.tiny_gguf import TinyLlama, write_tiny_llama
@@ -141,3 +142,20 @@ def test_context_shift_keeps_chatting_turn_after_turn(tmp_path: Path, use_templa
     ref = kvtool.Context(model, kvtool.ContextParams(n_ctx=256))
     ref.decode(kvtool.Batch.from_tokens([*chat.cached, 9]))
     torch.testing.assert_close(ctx.logits_ith(-1), ref.logits_ith(-1), rtol=1e-4, atol=1e-4)
+
+
+def test_a_long_prompt_decoded_in_chunks_gives_the_same_reply(tiny_llama: kvtool.Model) -> None:
+    """The chunks that let `run` show a prompt's progress change nothing the model sees."""
+    text = " ".join(["the cat sat on the mat and the dog ran"] * 12)  # several PROMPT_CHUNKs
+    replies, reports = [], []
+    for on_prompt in (None, lambda done, total: reports.append((done, total))):
+        ctx = kvtool.Context(tiny_llama, kvtool.ContextParams(n_ctx=1024))
+        sampler = kvtool.Sampler(kvtool.SamplerParams(temp=0))
+        session = ChatSession(ctx, sampler, use_template=False)
+        replies.append(session.respond(text, 8, on_prompt=on_prompt)[1].tokens)
+        prompt = ctx.model.tokenize(text, add_special=True)
+        assert session.cached[: len(prompt)] == prompt
+    total = reports[-1][1]
+    assert replies[0] == replies[1]
+    assert total > 2 * PROMPT_CHUNK and reports[-1][0] == total
+    assert [d for d, _ in reports] == sorted({d for d, _ in reports})  # grows, chunk by chunk

@@ -1,0 +1,99 @@
+"""llama.cpp's spellings on the command line, checked before click parses it.
+
+llama.cpp spells many flags with one dash and several letters (-ngl, -no-cnv, -ctk). click reads
+an undeclared one as a cluster of one-letter flags (`-ngl 99` becomes `-n gl`), so its error
+would name the wrong flag. Here such a token is refused naming itself, and where llama.cpp has
+the flag, saying what kvtool offers instead."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kvtool import KvtoolError
+
+_NO_OFFLOAD = "kvtool computes on the CPU with torch: nothing to offload (-t sets the threads)"
+_ONE_DEVICE = "kvtool computes on one device, the CPU (see `kvtool --version`)"
+
+# llama.cpp flags kvtool has no counterpart for, each spelling -> what kvtool offers instead
+LLAMA_ONLY: dict[str, str] = {}
+for _names, _offer in [
+    (("-ngl", "--gpu-layers", "--n-gpu-layers"), _NO_OFFLOAD),
+    (("-nkvo", "--no-kv-offload"), _NO_OFFLOAD),
+    (("-fa", "--flash-attn"), "kvtool chooses its attention kernel itself; there is no switch"),
+    (("-sm", "--split-mode", "-ts", "--tensor-split", "-mg", "--main-gpu"), _ONE_DEVICE),
+    (("-dev", "--device"), _ONE_DEVICE),
+    (("--mlock", "--no-mmap"), "kvtool reads the GGUF itself; there is no mmap or mlock switch"),
+    (
+        ("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file"),
+        "-m takes a known name (`kvtool models`) or a GGUF path",
+    ),
+    (("--host", "--port"), "kvtool has no server; `kvtool parallel --server URL` drives one"),
+    (("-i", "--interactive", "-if", "--interactive-first"), "`kvtool run` without -p is the chat"),
+    (("-st", "--single-turn"), "`kvtool run -p TEXT` answers one turn and exits"),
+    (
+        ("--chat-template", "--chat-template-file"),
+        "the GGUF's own template is used (--jinja renders it, --no-chat skips it)",
+    ),
+    (("-r", "--reverse-prompt"), "no reverse prompts: the reply stops at end of generation or -n tokens"),
+    (("-md", "--model-draft", "-ngld", "--draft", "--draft-max"), "kvtool has no speculative decoding"),
+    (("-j", "--json-schema", "--grammar", "--grammar-file"), "kvtool has no constrained (grammar) sampling"),
+    (("-co", "--color"), "kvtool colours its notes when stderr is a terminal"),
+]:
+    for _name in _names:
+        LLAMA_ONLY[_name] = _offer
+
+
+def _declared(command: Any) -> tuple[set[str], set[str]]:
+    """The option spellings a click command accepts, and those of them that take a value (read
+    by duck typing: typer carries its own click, whose classes differ between versions)."""
+    names: set[str] = set()
+    valued: set[str] = set()
+    for p in command.params:
+        if getattr(p, "param_type_name", "") == "option":
+            spellings = set(p.opts) | set(p.secondary_opts)
+            names |= spellings
+            if not p.is_flag and not getattr(p, "count", False):
+                valued |= spellings
+    return names, valued
+
+
+def _looks_like_value(arg: str) -> bool:
+    """-1, -0.5, or a lone dash: values, not flags."""
+    return len(arg) < 2 or arg[1].isdigit() or arg[1] == "."
+
+
+def check_argv(group: Any, argv: Sequence[str]) -> None:
+    """Raises KvtoolError for a flag the chosen command does not declare that click would
+    misread (one dash, several letters) or that is llama.cpp's (named with kvtool's offer)."""
+    args = list(argv)
+    i = 0
+    while i < len(args) and args[i].startswith("-"):  # kvtool's own options (-h, --version)
+        i += 1
+    if i >= len(args):
+        return
+    command, path = group, ["kvtool"]
+    while i < len(args) and hasattr(command, "commands"):  # down to the verb (`state load`)
+        sub = command.commands.get(args[i])
+        if sub is None:
+            if args[i].startswith("-"):
+                break  # the group's own options
+            return  # click names the unknown command
+        command, path, i = sub, [*path, args[i]], i + 1
+    where = " ".join(path)
+    names, valued = _declared(command)
+    rest = iter(args[i:])
+    for arg in rest:
+        if arg == "--":
+            return
+        if not arg.startswith("-") or _looks_like_value(arg):
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag in names:
+            if flag in valued and "=" not in arg:
+                next(rest, None)  # its value, which may itself start with a dash
+            continue
+        if flag in LLAMA_ONLY:
+            raise KvtoolError(f"{where} has no {flag} (llama.cpp's): {LLAMA_ONLY[flag]}")
+        if not flag.startswith("--") and len(flag) > 2:
+            raise KvtoolError(f"{where} has no option {flag} (see '{where} --help')")

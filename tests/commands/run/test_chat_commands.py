@@ -1,0 +1,79 @@
+"""The chat's slash commands and its timings, through the CLI with a tiny model."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from kvtool.commands.run import COMMANDS
+
+KVTOOL = [sys.executable, "-m", "kvtool.commands"]
+
+
+def chat(model: Path, stdin: str, *extra: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    args = [*KVTOOL, "run", "-m", str(model), "-n", "3", "--temp", "0", "-c", "512", *extra]
+    return subprocess.run(args, input=stdin, capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+def test_help_lists_every_command(tiny_llama_path: Path) -> None:
+    r = chat(tiny_llama_path, "/help\n")
+    assert r.returncode == 0, r.stderr
+    for name in COMMANDS:
+        assert f"  {name} " in r.stderr
+
+
+def test_an_unknown_command_is_an_error_not_a_turn(tiny_llama_path: Path) -> None:
+    r = chat(tiny_llama_path, "/frobnicate now\n/stats\n")
+    assert r.returncode == 0, r.stderr
+    assert "error: unknown command /frobnicate (/help lists them)" in r.stderr
+    # nothing went to the model: the timings count no prompt token
+    assert re.search(r"prompt eval time = +[0-9.]+ ms / +0 tokens", r.stderr)
+
+
+def test_a_slash_path_is_a_message(tiny_llama_path: Path) -> None:
+    r = chat(tiny_llama_path, "/usr/bin is a folder\n")
+    assert r.returncode == 0, r.stderr
+    assert "unknown command" not in r.stderr and "tokens," in r.stderr
+
+
+def test_stats_counts_the_turns(tiny_llama_path: Path) -> None:
+    r = chat(tiny_llama_path, "the cat\n/stats\n", "--ignore-eos")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"eval time = +[0-9.]+ ms / +3 runs", r.stderr)
+    for label in ("load time", "prompt eval time", "total time", "first token"):
+        assert label in r.stderr
+
+
+def test_load_of_a_missing_conversation_says_so(tiny_llama_path: Path, tmp_path: Path) -> None:
+    r = chat(tiny_llama_path, "/load nothere\n", cwd=tmp_path)
+    assert f"error: no saved conversation at {tmp_path.resolve() / 'nothere'}" in r.stderr
+
+
+def test_save_writes_where_it_runs_and_says_where(tiny_llama_path: Path, tmp_path: Path) -> None:
+    r = chat(tiny_llama_path, "the cat\n/save mine.kvs\n", cwd=tmp_path)
+    path = tmp_path.resolve() / "mine.kvs"
+    assert path.exists()
+    assert f"saved to {path}" in r.stderr
+    again = chat(tiny_llama_path, "/load mine.kvs\n", cwd=tmp_path)
+    assert "2 messages" in again.stderr
+
+
+def test_a_model_without_chat_template_gets_the_no_chat_hint(tiny_llama_path: Path) -> None:
+    r = chat(tiny_llama_path, "hello\n")
+    notes = [line for line in r.stderr.splitlines() if "no chat template" in line]
+    assert len(notes) == 1 and "--no-chat" in notes[0]
+    assert "no chat template" not in chat(tiny_llama_path, "hello\n", "--no-chat").stderr
+
+
+def test_one_shot_timings_on_stderr(tiny_llama_path: Path) -> None:
+    r = subprocess.run(
+        [*KVTOOL, "run", "-m", str(tiny_llama_path), "-p", "hi", "-n", "5", "--temp", "0", "--ignore-eos"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"eval time = +[0-9.]+ ms / +5 runs", r.stderr)
+    assert "load time" in r.stderr and "first token" in r.stderr and "load time" not in r.stdout

@@ -1,0 +1,118 @@
+"""llama.cpp's spellings typed at kvtool, through the CLI: the flags kvtool shares work, the
+ones it lacks are refused naming themselves, and help answers without loading torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+KVTOOL = [sys.executable, "-m", "kvtool.commands"]
+
+
+def cli(*args: str, stdin: str = "", cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*KVTOOL, *args], input=stdin, capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+@pytest.mark.parametrize("args", [["-h"], ["--help"], ["run", "-h"], ["bench", "-h"], ["parallel", "--help"]])
+def test_help_answers_without_importing_torch(args: list[str]) -> None:
+    code = (
+        "import sys\n"
+        f"sys.argv = ['kvtool', *{args!r}]\n"
+        "from kvtool.commands import main\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    rc = e.code\n"
+        "print('RC', rc, 'torch' in sys.modules, 'numpy' in sys.modules)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert "Usage" in r.stdout, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "RC 0 False False"
+
+
+def test_version_names_kvtool_torch_and_the_device() -> None:
+    from importlib import metadata
+
+    r = cli("--version")
+    assert r.returncode == 0, r.stderr
+    assert f"kvtool {metadata.version('kvtool')}" in r.stdout
+    assert f"torch {metadata.version('torch')}" in r.stdout
+    assert "device: CPU" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["run", "-ngl", "99"], "-ngl"),
+        (["run", "--n-gpu-layers", "99"], "--n-gpu-layers"),
+        (["bench", "-fa", "1"], "-fa"),
+        (["parallel", "--host", "x"], "--host"),
+    ],
+)
+def test_llama_cpp_flags_kvtool_lacks_name_themselves_and_the_offer(args: list[str], named: str) -> None:
+    r = cli(*args)
+    assert r.returncode == 2
+    line = r.stderr.strip()
+    assert line.startswith(f"error: kvtool {args[0]} has no {named} (llama.cpp's): ")
+    assert "\n" not in line and "-n'" not in line
+
+
+@pytest.mark.parametrize(
+    "args", [["bench", "-no-cnv"], ["run", "-xyz", "1"], ["state", "save", "-cnv"], ["state", "load", "-xyz"]]
+)
+def test_unknown_multi_letter_flags_are_named_not_split(args: list[str]) -> None:
+    flag = next(a for a in args if a.startswith("-"))
+    r = cli(*args)
+    assert r.returncode == 2
+    assert f"has no option {flag} " in r.stderr and "Traceback" not in r.stderr
+
+
+def test_no_cnv_needs_a_prompt(tiny_llama_path: Path) -> None:
+    r = cli("run", "-m", str(tiny_llama_path), "-no-cnv")
+    assert r.returncode == 2 and "-no-cnv" in r.stderr and "prompt" in r.stderr
+
+
+def test_no_cnv_completes_raw_text_like_no_chat(tiny_llama_path: Path) -> None:
+    base = ["run", "-m", str(tiny_llama_path), "-p", "the cat", "-n", "6", "--temp", "0"]
+    want = cli(*base, "--no-chat")
+    for spelling in ("-no-cnv", "--no-conversation"):
+        got = cli(*base, spelling)
+        assert got.returncode == 0, got.stderr
+        assert got.stdout == want.stdout
+
+
+def test_prompt_from_file_equals_p(tiny_llama_path: Path, tmp_path: Path) -> None:
+    (tmp_path / "p.txt").write_text("the dog and the cat", encoding="utf-8")
+    base = ["run", "-m", str(tiny_llama_path), "-n", "6", "--temp", "0", "--no-chat"]
+    want = cli(*base, "-p", "the dog and the cat")
+    got = cli(*base, "-f", str(tmp_path / "p.txt"))
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == want.stdout
+    both = cli(*base, "-p", "x", "-f", str(tmp_path / "p.txt"))
+    assert both.returncode == 2 and "not both" in both.stderr
+    missing = cli(*base, "-f", str(tmp_path / "nope.txt"))
+    assert missing.returncode == 2 and "nope.txt" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_a_prompt_starting_with_a_dash_is_a_value(tiny_llama_path: Path) -> None:
+    r = cli("run", "-m", str(tiny_llama_path), "-p", "-hello", "-n", "2", "--temp", "0", "--no-chat")
+    assert r.returncode == 0, r.stderr
+
+
+def test_cnv_keeps_chatting_after_the_prompt(tiny_llama_path: Path) -> None:
+    r = cli(
+        "run", "-m", str(tiny_llama_path), "-cnv", "-p", "hello", "-n", "3", "--temp", "0", stdin="the cat\n"
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("> hello\n")
+    assert r.stdout.count("> ") == 2  # the prompt's turn, then the piped one
+
+
+def test_cache_types_and_unified_kv_on_run(tiny_llama_path: Path) -> None:
+    args = ["-p", "the cat", "-n", "4", "--temp", "0", "--no-chat"]
+    want = cli("run", "-m", str(tiny_llama_path), *args)
+    got = cli("run", "-m", str(tiny_llama_path), *args, "-ctk", "f32", "-ctv", "f32", "-kvu")
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == want.stdout  # same f32 cache, one buffer or one stream: same tokens
+    half = cli("run", "-m", str(tiny_llama_path), *args, "-ctk", "f16", "-ctv", "bf16")
+    assert half.returncode == 0, half.stderr
