@@ -56,6 +56,13 @@ DefragOpt = Annotated[
     str | None,
     typer.Option("--defrag", help="KV compaction: none, or on-fail (compact when a batch finds no room)."),
 ]
+RsSeqOpt = Annotated[
+    int,
+    typer.Option(
+        "--rs-seq",
+        help="Recurrent models: states kept per sequence, so a reply can be taken back this many tokens.",
+    ),
+]
 
 
 def defrag_setting(thold: float | None, mode: str | None) -> str:
@@ -80,9 +87,10 @@ def context_params(
     type_k: str = "f32",
     type_v: str = "f32",
     defrag: str = "none",
+    n_rs_seq: int = 0,
 ) -> kvtool.ContextParams:
-    """The context the flags -c, -b, -ub, -kvu, --swa-full, -ctk, -ctv and the defrag flags
-    (`defrag_setting`) ask for; `n_seq_max` is the verb's (-np conversations, clients plus the
+    """The context the flags -c, -b, -ub, -kvu, --swa-full, -ctk, -ctv, the defrag flags
+    (`defrag_setting`) and --rs-seq ask for; `n_seq_max` is the verb's (-np conversations, clients plus the
     system prompt, the largest B...)."""
     return kvtool.ContextParams(
         n_ctx=ctx_size,
@@ -94,6 +102,7 @@ def context_params(
         type_k=type_k,
         type_v=type_v,
         defrag=defrag,
+        n_rs_seq=n_rs_seq,
     )
 
 
@@ -106,6 +115,8 @@ def make_context(model: kvtool.Model, params: kvtool.ContextParams, notes: Conso
     if notes is not None:
         for w in caught:
             notes.print(f"[yellow]warning: {w.message}[/]")
+        if params.kv_unified and ctx.memory.kind == "recurrent":
+            notes.print("[yellow]note: --kv-unified: a recurrent model has no KV cache to unify[/]")
     return ctx
 
 

@@ -75,6 +75,7 @@ def run(
     type_v: common.TypeVOpt = "f32",
     defrag_thold: common.DefragTholOpt = None,
     defrag: common.DefragOpt = None,
+    rs_seq: common.RsSeqOpt = 1,
     no_progress: Annotated[
         bool, typer.Option("--no-progress", help="No progress on stderr (loading, long prompts).")
     ] = False,
@@ -125,6 +126,7 @@ def run(
         type_k,
         type_v,
         common.defrag_setting(defrag_thold, defrag),
+        rs_seq,
     )
     ctx = common.make_context(m, cp, err)
     sp = kvtool.SamplerParams(
@@ -163,6 +165,9 @@ def run(
             f"model: {m.name} ({m.arch}, {m.path}); chat template: {m.chat_template.name}; "
             f"n_ctx = {ctx.n_ctx}; seed = {keeper.session.sampler.seed}"
         )
+        per_seq = getattr(ctx.memory, "state_bytes_per_seq", None)  # recurrent and hybrid memories
+        if per_seq is not None:
+            err.print(f"recurrent state: {per_seq():,} bytes per sequence (--rs-seq {rs_seq})")
     try:
         if prompt is not None and not conversation_mode:
             one_shot(keeper.session, prompt, n_predict, perf, bar)

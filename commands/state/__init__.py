@@ -176,6 +176,10 @@ def _memory_lines(layout: dict, name: str) -> list[str]:  # type: ignore[type-ar
         for part, sub in layout["parts"].items():
             lines += _memory_lines(sub, f"  {part}")
         return lines
+    if layout.get("kind") == "recurrent":
+        return [
+            f"{name}: recurrent, {len(layout.get('layers', []))} layers; {layout.get('n_rows')} states saved"
+        ]
     mode = "unified" if layout.get("unified") else "split"
     swa = f", window {layout['swa']['n_swa']}" if layout.get("swa") else ""
     return [

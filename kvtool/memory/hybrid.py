@@ -56,6 +56,10 @@ class HybridMemory(Composite):
     def n_used(self) -> int:
         return self.attn.n_used()
 
+    def state_bytes_per_seq(self) -> int:
+        """Bytes of recurrent state one sequence holds (its slot and its rollback snapshots)."""
+        return int(self.recurrent.state_bytes_per_seq())  # type: ignore[attr-defined]
+
 
 @dataclass(frozen=True)
 class HybridSpec:
