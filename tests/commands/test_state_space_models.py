@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvtool.commands import app
+from kvtool.commands import _register, app
+
+_register()  # every verb, as the console entry point does
 
 MODELS = Path(__file__).parent.parent / "data" / "tiny" / "models"
 runner = CliRunner()
