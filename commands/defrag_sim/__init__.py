@@ -7,23 +7,26 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 import kvtool
 from kvtool.commands import app
 from kvtool.commands.common import KvUnifiedOpt
-from kvtool.commands.defrag_sim.policies import POLICIES, Policy
-from kvtool.commands.defrag_sim.report import Cost, measure_copy_bw, render, rows
-from kvtool.commands.defrag_sim.simulator import Geometry, SimResult, simulate, split_ops
-from kvtool.commands.defrag_sim.trace import TraceError, read_trace
-from kvtool.commands.defrag_sim.workload import LengthDist, SyntheticParams, Workload, synthetic
+from kvtool.commands.defrag_sim.names import POLICIES
+
+if TYPE_CHECKING:  # the simulator loads numpy: imported when the verb runs, not for --help
+    from kvtool.commands.defrag_sim.report import Cost
+    from kvtool.commands.defrag_sim.simulator import SimResult
+    from kvtool.commands.defrag_sim.workload import LengthDist, Workload
 
 MAX_SEQ = 64  # KVCells' sequence bitset
 
 
 def _len_dist(text: str, flag: str) -> LengthDist:
+    from kvtool.commands.defrag_sim.workload import LengthDist
+
     try:
         return LengthDist.parse(text)
     except ValueError as e:
@@ -96,6 +99,10 @@ def defrag_sim(
     output: Annotated[str, typer.Option("-o", "--output", help="md, csv or json.")] = "md",
 ) -> None:
     """Compare KV slot policies on a workload (no model: cell bookkeeping only)."""
+    from kvtool.commands.defrag_sim.policies import Policy
+    from kvtool.commands.defrag_sim.report import render, rows
+    from kvtool.commands.defrag_sim.simulator import Geometry, simulate, split_ops
+
     _check(output in ("md", "csv", "json"), "expected md, csv or json", "-o")
     names = list(policy or POLICIES)
     bad = [p for p in names if p not in POLICIES]
@@ -189,6 +196,9 @@ def _workload(
     seed: int,
     ubatch: int | None,
 ) -> tuple[Workload, int, int]:
+    from kvtool.commands.defrag_sim.trace import TraceError, read_trace
+    from kvtool.commands.defrag_sim.workload import SyntheticParams, synthetic
+
     if trace is not None:
         try:
             w, header = read_trace(trace)
@@ -216,6 +226,8 @@ def _workload(
 
 
 def _cost(model: str | None, copy_bw: float | None) -> Cost | None:
+    from kvtool.commands.defrag_sim.report import Cost, measure_copy_bw
+
     if model is None:
         return None
     path = kvtool.resolve_model(model)

@@ -22,7 +22,6 @@ from kvtool.commands.defrag_sim.slots import contiguous_slots_near, first_free_n
 
 EMPTY = KVCells.EMPTY
 BITS = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))  # sequence id -> its bit
-POLICIES = ("non-contiguous", "contiguous", "threshold", "on-fail", "paged")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, TypeAlias
+from typing import TYPE_CHECKING, Annotated, TypeAlias
 
 import typer
 from rich import box
@@ -20,10 +20,12 @@ from rich.text import Text
 
 import kvtool
 from kvtool.commands import app, common
-from kvtool.commands.defrag_sim.trace import TraceRecorder
 from kvtool.commands.parallel.http import HttpParallelSim
 from kvtool.commands.parallel.prompts import QUESTIONS, SYSTEM_PROMPT, read_prompts
 from kvtool.commands.parallel.sim import Client, ParallelParams, ParallelSim, ParallelSummary, RequestRecord
+
+if TYPE_CHECKING:
+    from kvtool.commands.defrag_sim.trace import TraceRecorder
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
@@ -203,6 +205,8 @@ def parallel(
             common.defrag_setting(defrag_thold, defrag),
         )
         ctx = common.make_context(m, cp, None)
+        from kvtool.commands.defrag_sim.trace import TraceRecorder  # loads the simulator's numpy
+
         rec = TraceRecorder(trace, ctx) if trace is not None else None
         sim = ParallelSim(rec.wrap(ctx) if rec is not None else ctx, params)
         where = str(m.path)

@@ -60,7 +60,7 @@ class ConversationStore:
             raise StateError(f"{self.path} is a directory, not a conversation store")
         try:
             self._db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._wal(timeout)
             self._db.execute("PRAGMA synchronous=FULL")
             with self._transaction() as db:
                 for statement in _SCHEMA.split(";")[:-1]:
@@ -72,6 +72,19 @@ class ConversationStore:
                     raise StateError(f"{self.path}: store schema {row[0]} is not supported")
         except sqlite3.DatabaseError as e:
             raise StateError(f"{self.path} is not a usable conversation store ({e})") from None
+
+    def _wal(self, timeout: float) -> None:
+        """Switches to WAL. SQLite answers "locked" at once (no busy wait) while another process
+        holds the file during its own switch, so wait here as the busy timeout would."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:

@@ -155,7 +155,7 @@ def test_parallel_trace_replays(tiny_llama_path: Path, tmp_path: Path, unified: 
         "-s",
         "1",
     ]
-    r = runner.invoke(app, [*args, "-c", "4096", "-pps", *kvu, "--trace", str(tr)], catch_exceptions=False)
+    r = runner.invoke(app, [*args, "-c", "12288", "-pps", *kvu, "--trace", str(tr)], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     w, header = read_trace(tr)
     assert header["kv_unified"] is unified and header["n_seq"] == 3

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvtool.commands.defrag_sim.policies import POLICIES, Policy
+from kvtool.commands.defrag_sim.names import POLICIES
+from kvtool.commands.defrag_sim.policies import Policy
 from kvtool.commands.defrag_sim.simulator import Geometry, simulate, split_ops
 from kvtool.commands.defrag_sim.workload import (
     Decode,
