@@ -5,8 +5,6 @@ rollback snapshots the RWKV layers hand to the recurrent memory."""
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 import torch
@@ -15,27 +13,10 @@ import kvtool
 from kvtool.batch import BatchAllocator
 from kvtool.memory.base import Memory
 from kvtool.memory.spec import MemoryParams
-from tests.kvtool.test_oracle_tiny import DATA, SCENARIOS, replay
+from tests.kvtool.test_oracle_tiny import DATA, rel_err
+from tests.kvtool.test_oracle_tiny import tiny_model as load
 
 ARCHS = ["rwkv6", "rwkv7"]
-
-
-@functools.cache
-def load(arch: str) -> kvtool.Model:
-    return kvtool.Model(DATA / "models" / f"tiny-{arch}.gguf")
-
-
-def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
-    assert got.shape == ref.shape
-    return float(np.abs(got - ref).max() / max(1.0, float(np.abs(ref).max())))
-
-
-@pytest.mark.parametrize("unified", [1, 0])
-@pytest.mark.parametrize("scenario", SCENARIOS)
-@pytest.mark.parametrize("arch", ARCHS)
-def test_tiny_scenario(arch: str, scenario: str, unified: int) -> None:
-    z = np.load(DATA / arch / f"{scenario}_kvu{unified}.npz")
-    assert rel_err(replay(load(arch), z, bool(unified)), z["logits"]) <= 1e-3
 
 
 @pytest.mark.parametrize("n_ubatch", [1, 5, 24])

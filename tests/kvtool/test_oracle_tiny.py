@@ -4,6 +4,7 @@ F16 KV cache runs (`_kvf16`) with kvtool's F16 KV cache."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -57,17 +58,30 @@ def replay(model: kvtool.Model, z: np.lib.npyio.NpzFile, unified: bool, type_kv:
     return np.concatenate(rows)
 
 
+@functools.cache
+def tiny_model(arch: str) -> kvtool.Model:
+    return kvtool.Model(DATA / "models" / f"tiny-{arch}.gguf")
+
+
+def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    assert got.shape == ref.shape
+    return float(np.abs(got - ref).max() / max(1.0, float(np.abs(ref).max())))
+
+
+# Architectures with attention compare with llama.cpp's flash-attention-off runs (pure F32, see
+# the oracle README); pure recurrent ones with the plain runs. rm_tail on recurrent and hybrid
+# memories checks that the partial seq_rm is refused and the decode after it fails.
+ATTN = ["llama", "gemma3", "granitehybrid", "lfm2"]
+RECURRENT = ["mamba", "mamba2", "rwkv6", "rwkv7"]
+
+
 @pytest.mark.parametrize("unified", [1, 0])
 @pytest.mark.parametrize("scenario", SCENARIOS)
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ATTN + RECURRENT)
 def test_tiny_scenario(arch: str, scenario: str, unified: int) -> None:
-    model = kvtool.Model(DATA / "models" / f"tiny-{arch}.gguf")
-    z = np.load(DATA / arch / f"{scenario}_kvu{unified}_faoff.npz")
-    got = replay(model, z, bool(unified))
-    ref = z["logits"]
-    assert got.shape == ref.shape
-    rel = np.abs(got - ref).max() / max(1.0, np.abs(ref).max())
-    assert rel <= 1e-3
+    suffix = "_faoff" if arch in ATTN else ""
+    z = np.load(DATA / arch / f"{scenario}_kvu{unified}{suffix}.npz")
+    assert rel_err(replay(tiny_model(arch), z, bool(unified)), z["logits"]) <= 1e-3
 
 
 @pytest.mark.parametrize("unified", [True, False])  # llama.cpp's FA-on logits are the same in both
