@@ -29,6 +29,9 @@ _WHERE = {
     "ModelFetchError": "kvtool.errors",
     "ModelLoadError": "kvtool.errors",
     "StateError": "kvtool.errors",
+    "FileKind": "kvtool.atomic_file",
+    "check_writable": "kvtool.atomic_file",
+    "write_file": "kvtool.atomic_file",
     "MemoryStatus": "kvtool.memory.base",
     "Model": "kvtool.model",
     "load_model": "kvtool.model",
@@ -41,9 +44,11 @@ _WHERE = {
     "Sampler": "kvtool.sampling",
     "SamplerParams": "kvtool.sampling",
     "ConversationStore": "kvtool.state",
+    "ConversationConflictError": "kvtool.state",
     "SeqInfo": "kvtool.state",
     "StateInfo": "kvtool.state",
     "inspect_state": "kvtool.state",
+    "check_state_path": "kvtool.state",
     "set_n_threads": "kvtool.threads",
 }
 
@@ -54,8 +59,10 @@ __all__ = [
     "Context",
     "ContextFullError",
     "ContextParams",
+    "ConversationConflictError",
     "ConversationStore",
     "DecodeError",
+    "FileKind",
     "KVCells",
     "KVDims",
     "KvtoolError",
@@ -69,6 +76,8 @@ __all__ = [
     "StateError",
     "StateInfo",
     "apply_defrag",
+    "check_state_path",
+    "check_writable",
     "context_shift",
     "decode_batch",
     "decode_tokens",
@@ -82,6 +91,7 @@ __all__ = [
     "resolve_model",
     "resume_seq",
     "set_n_threads",
+    "write_file",
 ]
 
 
@@ -97,6 +107,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and editors see
+    from kvtool.atomic_file import FileKind, check_writable, write_file
     from kvtool.batch import Batch, DecodeError
     from kvtool.context import Context, ContextParams
     from kvtool.decode import ContextFullError, context_shift, decode_batch, decode_tokens, resume_seq
@@ -115,5 +126,12 @@ if TYPE_CHECKING:  # what type checkers and editors see
         resolve_model,
     )
     from kvtool.sampling import Sampler, SamplerParams
-    from kvtool.state import ConversationStore, SeqInfo, StateInfo, inspect_state
+    from kvtool.state import (
+        ConversationConflictError,
+        ConversationStore,
+        SeqInfo,
+        StateInfo,
+        check_state_path,
+        inspect_state,
+    )
     from kvtool.threads import set_n_threads

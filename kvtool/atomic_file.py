@@ -1,36 +1,154 @@
-"""Atomic file writes, shared by the model cache and the state files: a crash or an error
-mid-write leaves the previous file (or none) in place, never a partial one."""
+"""The one place kvtool writes files: state files, sessions, the model cache, command outputs.
+
+A write is atomic (a temp file beside the target, fsynced, renamed over it): a crash or an
+error mid-write leaves the previous file (or none) in place, never a partial one. A write
+never replaces what is not a regular file: a symlink is written through to its target (the
+link stays), a directory, device, FIFO or socket is refused. An existing file is replaced
+only when it is of the writer's own kind (a state file by a state file...), unless the
+caller asks to overwrite. `check_writable` runs the same checks before the work starts, so
+that a command says in one line that it cannot save before it computes what to save."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import stat
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from kvtool.errors import KvtoolError
+
+_HEAD = 256  # bytes of an existing file read to tell its kind
+
+
+@dataclass(frozen=True)
+class FileKind:
+    """What a writer writes. `what` names it in messages ("a kvtool state file"); an existing
+    file is replaced only when its first bytes match `magic` (a regular expression over
+    bytes; None: any regular file). An empty file is always replaced: it holds nothing."""
+
+    what: str
+    magic: bytes | None = None
+
+    def matches(self, head: bytes) -> bool:
+        return self.magic is None or not head or re.match(self.magic, head, re.DOTALL) is not None
+
+
+ANY_FILE = FileKind("a file")
+
+
+def _kind_of(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _target(path: Path) -> Path:
+    """Where a write to `path` lands: a symlink's final target, else `path` itself (absolute)."""
+    try:
+        return path.resolve()  # a dangling link resolves to the file it would create
+    except (OSError, RuntimeError) as e:  # a symlink loop
+        raise KvtoolError(f"cannot write {path}: {getattr(e, 'strerror', None) or e}") from None
+
+
+def check_writable(path: str | Path, kind: FileKind = ANY_FILE, *, overwrite: bool = False) -> Path:
+    """Checks that a write of `kind` to `path` can succeed, before the work that produces it:
+    the folder exists and takes new files, and what is at `path` (through a symlink) is
+    nothing, an empty file, or a regular file of `kind` (any regular file with `overwrite`).
+    Returns the path the write will replace (a symlink's target); raises a one-line
+    KvtoolError otherwise."""
+    path = Path(path).expanduser()
+    target = _target(path)
+    try:
+        st: os.stat_result | None = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise KvtoolError(f"cannot write {path}: {e.strerror}") from None
+    if st is not None:
+        if not stat.S_ISREG(st.st_mode):
+            raise KvtoolError(f"{path} is {_kind_of(st.st_mode)}: kvtool writes only regular files")
+        if not overwrite and st.st_size:
+            try:
+                with open(target, "rb") as f:
+                    head = f.read(_HEAD)
+            except OSError as e:
+                raise KvtoolError(f"cannot read {path} to check what it holds: {e.strerror}") from None
+            if not kind.matches(head):
+                raise KvtoolError(
+                    f"{path} exists and is not {kind.what}: not overwriting it "
+                    "(remove it or choose another name)"
+                )
+    folder = target.parent
+    if not folder.is_dir():
+        raise KvtoolError(f"cannot write {path}: no directory {folder}")
+    try:  # the only test that holds for root, read-only mounts and /proc alike
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=folder)
+    except OSError as e:
+        raise KvtoolError(f"cannot write {path}: {e.strerror} ({folder})") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return target
+
 
 @contextlib.contextmanager
-def atomic_write(path: str | Path) -> Iterator[BinaryIO]:
-    """Yields a binary file beside `path`; when the block ends without an error it is fsynced,
-    renamed over `path` and the directory fsynced, so readers see the old file or the new one.
-    An exception inside the block (a failed check included) deletes it and leaves `path` as it was."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+def atomic_write(
+    path: str | Path, kind: FileKind = ANY_FILE, *, overwrite: bool = False
+) -> Iterator[BinaryIO]:
+    """Yields a binary file beside `path`'s target (see `check_writable`, run first); when the
+    block ends without an error it is fsynced, renamed over the target and the directory
+    fsynced, so readers see the old file or the new one. An exception inside the block (a
+    failed check included) deletes it and leaves `path` as it was. The writer's own failures
+    (no space, no permission) are one-line KvtoolErrors."""
+    shown = Path(path).expanduser()
+    target = check_writable(shown, kind, overwrite=overwrite)
     try:
-        os.chmod(tmp, _mode(path))  # mkstemp makes 0600: give the file the mode a plain open would
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as e:
+        raise KvtoolError(f"cannot write {shown}: {e.strerror}") from None
+    in_block = False  # an OSError of the caller's block is the caller's to report
+    try:
+        os.chmod(tmp, _mode(target))  # mkstemp makes 0600: give the file the mode a plain open would
         with os.fdopen(fd, "wb") as f:
+            in_block = True
             yield f
+            in_block = False
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+        # another process may have put something else there since the check: replace only a file
+        with contextlib.suppress(FileNotFoundError):
+            mode = os.lstat(target).st_mode
+            if not stat.S_ISREG(mode):
+                raise KvtoolError(f"{shown} became {_kind_of(mode)} while writing it: not replaced")
+        os.replace(tmp, target)
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and not in_block:
+            raise KvtoolError(f"cannot write {shown}: {e.strerror or e}") from None
         raise
-    _fsync_dir(folder)
+    _fsync_dir(target.parent)
+
+
+def write_file(path: str | Path, data: bytes, kind: FileKind = ANY_FILE, *, overwrite: bool = False) -> int:
+    """Writes `data` to `path` atomically (see `atomic_write`); returns the bytes written."""
+    with atomic_write(path, kind, overwrite=overwrite) as f:
+        try:
+            f.write(data)
+        except OSError as e:  # no space left...
+            raise KvtoolError(f"cannot write {path}: {e.strerror or e}") from None
+    return len(data)
 
 
 def _mode(path: Path) -> int:

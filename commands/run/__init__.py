@@ -109,6 +109,9 @@ def run(
         if prompt is None:
             raise typer.BadParameter("needs a prompt (-p TEXT or -f FILE)", param_hint="-no-cnv")
         no_chat = True
+    if session_file is not None:  # where the chat will be saved: checked before any work
+        kvtool.check_state_path(session_file)
+    db = kvtool.ConversationStore(store) if store is not None else None  # refuses a foreign file now
     kvtool.set_n_threads(threads)
     t_load_start = time.perf_counter()
     m = common.load_model_with_status(model, err if not no_progress else _quiet)
@@ -151,7 +154,7 @@ def run(
             keep=keep if context_shift else None,
         )
 
-    keeper = Keeper(ctx, new_session, session_file, store, conversation)
+    keeper = Keeper(ctx, new_session, session_file, db, conversation)
     perf = Perf(t_start=t_load_start, t_load=t_load)
     if not no_chat and m.file.get("tokenizer.chat_template", None) is None:
         err.print(

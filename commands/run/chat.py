@@ -238,22 +238,34 @@ class ChatSession:
 
     def restore_data(self, data: bytes) -> kvtool.StateInfo:
         """Resumes a conversation saved by `state_data` on this session's sequence (any model
-        context that fits it). Checked first: on StateError nothing has changed."""
-        chat_section(kvtool.inspect_state(data))
-        return self._adopt(self.ctx.state_seq_set_data(data, self.seq))
-
-    def load_state(self, path: str | Path) -> kvtool.StateInfo:
-        """Resumes the conversation saved in a file by `save_state`. Checked first: on
-        StateError nothing has changed."""
-        chat_section(kvtool.inspect_state(path))
-        return self._adopt(self.ctx.state_load_file(path, self.seq))
-
-    def _adopt(self, info: kvtool.StateInfo) -> kvtool.StateInfo:
-        """Takes the messages, token ids and sampler of the state just loaded."""
+        context that fits it). Every part (the conversation, the cells, the sampler) is checked
+        and staged before any is applied: on StateError nothing has changed."""
+        info = kvtool.inspect_state(data)
         chat = chat_section(info)
+        sampler = kvtool.Sampler(self.sampler.params)  # staged: swapped in once the cells are in
+        if not info.restore_sampler(sampler):
+            sampler = self.sampler  # none saved: the session's own goes on
+        info = self.ctx.state_seq_set_data(data, self.seq)  # checks everything, then applies
         self.system = chat.get("system")
         self.messages = [dict(m) for m in chat["messages"]]
         self.cached, self.pending = list(info.tokens() or []), []
         self.shifted = False
-        info.restore_sampler(self.sampler)
+        self.sampler = sampler
         return info
+
+    def load_state(self, path: str | Path) -> kvtool.StateInfo:
+        """Resumes the conversation saved in a file by `save_state` (read once; see
+        `restore_data`): on StateError nothing has changed."""
+        return self.restore_data(_read_state(Path(path)))
+
+
+def _read_state(path: Path) -> bytes:
+    """A state file's bytes; a missing, special or unreadable file is a one-line StateError."""
+    if not path.exists():
+        raise kvtool.StateError(f"no state file {path}")
+    if not path.is_file():  # a directory, or a FIFO that would block the chat
+        raise kvtool.StateError(f"{path} is not a state file")
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise kvtool.StateError(f"cannot read {path}: {e.strerror}") from None

@@ -14,6 +14,10 @@ from kvtool.commands.run.pool import ConversationPool
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def _note(text: str) -> None:
+    err.print(f"({text})", markup=False, style="yellow")
+
+
 class Keeper:
     """Where conversations are kept: a session file (like llama-cli's prompt cache), a store of
     named conversations sharing the model, or nowhere. `/save NAME` and `/load NAME` go to
@@ -24,13 +28,13 @@ class Keeper:
         ctx: kvtool.Context,
         new_session: Callable[[int], ChatSession],
         session_file: Path | None,
-        store: Path | None,
+        store: kvtool.ConversationStore | None,
         name: str,
     ) -> None:
+        """`store` is opened by the caller (before the model loads: a wrong file is refused
+        early); the keeper closes it."""
         self.file = session_file
-        self.pool = (
-            None if store is None else ConversationPool(ctx, kvtool.ConversationStore(store), new_session)
-        )
+        self.pool = None if store is None else ConversationPool(ctx, store, new_session, _note)
         self.name = name
         if self.pool is not None:
             self.session = self.pool.open(name)
@@ -47,7 +51,13 @@ class Keeper:
 
     def save(self, name: str) -> str:
         if self.pool is not None:
-            self.pool.save(self.name, as_name=name)
+            if name == self.name:
+                try:  # another process's save since ours is refused, not overwritten
+                    self.pool.save(self.name)
+                except kvtool.ConversationConflictError as e:
+                    raise kvtool.ConversationConflictError(f"{e}; /save NEW keeps this one") from None
+            else:
+                self.pool.save(self.name, as_name=name)
             return f"saved as '{name}' in the store {self.pool.store.path}"
         path = Path(name).expanduser().resolve()  # a file name, relative to where kvtool runs
         n = self.session.save_state(path)
@@ -56,22 +66,28 @@ class Keeper:
     def load(self, name: str) -> str:
         if self.pool is not None:
             known = name in {r.name for r in self.pool.store.list()}
-            self.pool.save(self.name)
-            self.session, self.name = self.pool.open(name), name
+            self.name = self.pool.keep(self.name)
+            try:
+                self.session, self.name = self.pool.open(name), name
+            except BaseException:  # the current one may have been evicted to make room: back to it
+                self.session = self.pool.open(self.name)
+                raise
             if not known:  # a store's /load switches, so a new name starts a conversation
                 return f"no conversation '{name}' in the store: started it empty"
             return f"conversation '{name}': {self._summary()}"
         path = Path(name).expanduser().resolve()
         if not path.exists():
             raise kvtool.StateError(f"no saved conversation at {path}")
-        self.session.load_state(path)
+        self.session.load_state(path)  # all checked first: a failed load changes nothing
         return f"loaded {path}: {self._summary()}"
 
     def listing(self) -> str:
         if self.pool is None:
             return "no store (use --store DB)"
         rows = self.pool.store.list()
-        return ", ".join(f"{r.name}{'*' if r.name == self.name else ''} ({r.n_messages})" for r in rows)
+        return ", ".join(
+            f"{r.name}{'*' if r.name == self.name else ''} ({r.damaged or r.n_messages})" for r in rows
+        )
 
     def finish(self) -> None:
         if self.pool is not None:

@@ -99,7 +99,7 @@ def _command(keeper: Keeper, text: str, perf: Perf) -> bool:
                 raise kvtool.StateError(f"{cmd} needs a name")
             note = keeper.save(arg) if cmd == "/save" else keeper.load(arg)
             err.print(f"({note})", markup=False, style="dim")
-        except kvtool.StateError as e:
+        except (kvtool.KvtoolError, OSError) as e:  # the chat goes on: nothing was lost
             err.print(f"[red]error: {e}[/]")
     else:
         err.print(f"[red]error: unknown command {cmd} (/help lists them)[/]")

@@ -49,6 +49,7 @@ def save(
     no_progress: common.NoProgressOpt = False,
 ) -> None:
     """Decode the prompt (raw text, no chat template) and save the state atomically."""
+    kvtool.check_state_path(output)  # before the work: a path it cannot save to is one line now
     kvtool.set_n_threads(threads)
     m = common.load_model_with_status(model, common.progress_console(err, no_progress))
     s = 0 if seq is None else seq
@@ -204,5 +205,7 @@ def list_store(
         table.add_column(col, justify="left" if col in ("name", "model", "saved") else "right")
     for r in rows:
         saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated))
+        if r.damaged:  # listed, not fatal: the other rows stay readable
+            saved = f"damaged ({r.damaged})"
         table.add_row(r.name, r.model, str(r.n_tokens), str(r.n_messages), f"{r.n_bytes:,}", saved)
     Console(highlight=False).print(table)

@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvtool.state.codec import inspect
-from kvtool.state.files import read_file, write_atomic
+from kvtool.state.files import STATE_FILE, check_state_path, read_file, write_atomic
 from kvtool.state.header import SeqInfo, StateInfo
-from kvtool.state.store import ConversationRecord, ConversationStore
+from kvtool.state.store import ConversationConflictError, ConversationRecord, ConversationStore
 
 
 def inspect_state(source: str | Path | bytes) -> StateInfo:
@@ -20,10 +20,13 @@ def inspect_state(source: str | Path | bytes) -> StateInfo:
 
 
 __all__ = [
+    "STATE_FILE",
+    "ConversationConflictError",
     "ConversationRecord",
     "ConversationStore",
     "SeqInfo",
     "StateInfo",
+    "check_state_path",
     "inspect",
     "inspect_state",
     "read_file",

@@ -1,28 +1,49 @@
-"""State files on disk: atomic writes (a crash mid-save leaves the previous file intact)."""
+"""State files on disk: atomic writes (a crash mid-save leaves the previous file intact) that
+replace only state files (kvtool.atomic_file holds the rules)."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
-from kvtool.atomic_file import atomic_write
-from kvtool.errors import StateError
+from kvtool.atomic_file import FileKind, check_writable, write_file
+from kvtool.errors import KvtoolError, StateError
+
+# A state begins with its header's length (u64) and the header, whose first key is the
+# `__metadata__` holding "kvtool.checksum" (docs/state-format.md; tensor names sort after it).
+STATE_FILE = FileKind("a kvtool state file", rb'.{8}\{"__metadata__":\{"kvtool\.')
 
 
-def write_atomic(path: str | Path, data: bytes) -> int:
+def check_state_path(path: str | Path, *, overwrite: bool = False) -> Path:
+    """Checks, before the work, that a state can be saved to `path` (see
+    kvtool.check_writable); returns the file a save will replace. StateError otherwise."""
+    try:
+        return check_writable(path, STATE_FILE, overwrite=overwrite)
+    except StateError:
+        raise
+    except KvtoolError as e:
+        raise StateError(str(e)) from None
+
+
+def write_atomic(path: str | Path, data: bytes, *, overwrite: bool = False) -> int:
     """Writes `data` to `path` atomically (readers see the old file or the new one, never a
-    mix); returns the bytes written."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise StateError(f"cannot save state: no directory {folder}")
-    with atomic_write(path) as f:
-        f.write(data)
-    return len(data)
+    mix); returns the bytes written. Replaces only a state file (any file with `overwrite`);
+    a symlink is written through; anything else is a StateError and `path` stays as it was."""
+    try:
+        return write_file(path, data, STATE_FILE, overwrite=overwrite)
+    except StateError:
+        raise
+    except KvtoolError as e:
+        raise StateError(str(e)) from None
 
 
 def read_file(path: str | Path) -> bytes:
     """The bytes of a state file, or a one-line StateError."""
     try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # a FIFO would block the read
+            raise StateError(f"{path} is not a regular file, not a state file")
         return Path(path).read_bytes()
     except FileNotFoundError:
         raise StateError(f"no state file {path}") from None

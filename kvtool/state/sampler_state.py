@@ -29,6 +29,10 @@ def check(head: Any, rng: bytes) -> None:
     )
     if not ok or len(rng) != len(torch.Generator().get_state()):
         raise StateError("corrupted state: bad sampler section")
+    try:  # the generator refuses some states of the right size: find out before any part is applied
+        torch.Generator().set_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
+    except RuntimeError:
+        raise StateError("corrupted state: bad sampler random state") from None
 
 
 def restore(sampler: Sampler, head: dict[str, Any], rng: bytes) -> None:
