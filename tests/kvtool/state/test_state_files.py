@@ -10,7 +10,6 @@ import pytest
 from kvtool.errors import StateError
 from kvtool.state import read_file, write_atomic
 
-
 STATE = b"\x10" + b"\0" * 7 + b'{"__metadata__":{"kvtool.checksum":"x"}}'  # how a state file begins
 
 

@@ -126,10 +126,14 @@ def test_a_damaged_row_is_listed_as_damaged(tmp_path: Path, case: str, values: s
 
 
 def test_a_damaged_row_cannot_be_loaded_but_says_why(tmp_path: Path) -> None:
-    with ConversationStore(damaged_store(tmp_path / "c.db", BAD_ROWS[3][1])) as s:
-        pytest.raises(StateError, s.messages, "x").match("conversation 'x' is damaged")
-    with ConversationStore(damaged_store(tmp_path / "d.db", BAD_ROWS[2][1])) as s:
-        pytest.raises(StateError, s.load, "x").match("conversation 'x' is damaged")
+    s = ConversationStore(damaged_store(tmp_path / "c.db", BAD_ROWS[3][1]))
+    with pytest.raises(StateError, match="conversation 'x' is damaged"):
+        s.messages("x")
+    s.close()
+    s = ConversationStore(damaged_store(tmp_path / "d.db", BAD_ROWS[2][1]))
+    with pytest.raises(StateError, match="conversation 'x' is damaged"):
+        s.load("x")
+    s.close()
 
 
 def test_a_save_over_another_processs_save_is_refused(tmp_path: Path) -> None:
