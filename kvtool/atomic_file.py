@@ -95,7 +95,7 @@ def check_writable(path: str | Path, kind: FileKind = ANY_FILE, *, overwrite: bo
     try:  # the only test that holds for root, read-only mounts and /proc alike
         fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=folder)
     except OSError as e:
-        raise KvtoolError(f"cannot write {path}: {e.strerror} ({folder})") from None
+        raise KvtoolError(f"cannot write {path}: {folder} takes no new files ({e.strerror})") from None
     os.close(fd)
     with contextlib.suppress(OSError):
         os.unlink(probe)
