@@ -84,7 +84,10 @@ class Keeper:
     def listing(self) -> str:
         if self.pool is None:
             return "no store (use --store DB)"
-        rows = self.pool.store.list()
+        try:
+            rows = self.pool.store.list()
+        except kvtool.StateError as e:  # a locked or broken store: the chat goes on
+            return f"cannot list the store: {e}"
         return ", ".join(
             f"{r.name}{'*' if r.name == self.name else ''} ({r.damaged or r.n_messages})" for r in rows
         )
