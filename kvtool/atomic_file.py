@@ -27,12 +27,16 @@ _HEAD = 256  # bytes of an existing file read to tell its kind
 
 @dataclass(frozen=True)
 class FileKind:
-    """What a writer writes. `what` names it in messages ("a kvtool state file"); an existing
-    file is replaced only when its first bytes match `magic` (a regular expression over
-    bytes; None: any regular file). An empty file is always replaced: it holds nothing."""
+    """What a writer writes. `what` names the kind in messages ("a kvtool state file"); an
+    existing file is replaced only when its first bytes match `magic` (a regular expression
+    over bytes; None: any regular file). An empty file is always replaced: it holds nothing."""
 
     what: str
     magic: bytes | None = None
+    role: str = ""  # how messages name the output ("the trace /x/t.jsonl"); "": by its path
+
+    def label(self, path: str | Path) -> str:
+        return f"{self.role} {path}" if self.role else str(path)
 
     def matches(self, head: bytes) -> bool:
         return self.magic is None or not head or re.match(self.magic, head, re.DOTALL) is not None
@@ -53,12 +57,12 @@ def _kind_of(mode: int) -> str:
     return "not a regular file"
 
 
-def _target(path: Path) -> Path:
+def _target(path: Path, label: str) -> Path:
     """Where a write to `path` lands: a symlink's final target, else `path` itself (absolute)."""
     try:
         return path.resolve()  # a dangling link resolves to the file it would create
     except (OSError, RuntimeError) as e:  # a symlink loop
-        raise KvtoolError(f"cannot write {path}: {getattr(e, 'strerror', None) or e}") from None
+        raise KvtoolError(f"cannot write {label}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def check_writable(path: str | Path, kind: FileKind = ANY_FILE, *, overwrite: bool = False) -> Path:
@@ -68,34 +72,35 @@ def check_writable(path: str | Path, kind: FileKind = ANY_FILE, *, overwrite: bo
     Returns the path the write will replace (a symlink's target); raises a one-line
     KvtoolError otherwise."""
     path = Path(path).expanduser()
-    target = _target(path)
+    label = kind.label(path)
+    target = _target(path, label)
     try:
         st: os.stat_result | None = os.stat(target)
     except FileNotFoundError:
         st = None
     except OSError as e:
-        raise KvtoolError(f"cannot write {path}: {e.strerror}") from None
+        raise KvtoolError(f"cannot write {label}: {e.strerror}") from None
     if st is not None:
         if not stat.S_ISREG(st.st_mode):
-            raise KvtoolError(f"{path} is {_kind_of(st.st_mode)}: kvtool writes only regular files")
+            raise KvtoolError(f"{label} is {_kind_of(st.st_mode)}: kvtool writes only regular files")
         if not overwrite and st.st_size:
             try:
                 with open(target, "rb") as f:
                     head = f.read(_HEAD)
             except OSError as e:
-                raise KvtoolError(f"cannot read {path} to check what it holds: {e.strerror}") from None
+                raise KvtoolError(f"cannot read {label} to check what it holds: {e.strerror}") from None
             if not kind.matches(head):
                 raise KvtoolError(
-                    f"{path} exists and is not {kind.what}: not overwriting it "
+                    f"{label} exists and is not {kind.what}: not overwriting it "
                     "(remove it or choose another name)"
                 )
     folder = target.parent
     if not folder.is_dir():
-        raise KvtoolError(f"cannot write {path}: no directory {folder}")
+        raise KvtoolError(f"cannot write {label}: no directory {folder}")
     try:  # the only test that holds for root, read-only mounts and /proc alike
         fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=folder)
     except OSError as e:
-        raise KvtoolError(f"cannot write {path}: {folder} takes no new files ({e.strerror})") from None
+        raise KvtoolError(f"cannot write {label}: {folder} takes no new files ({e.strerror})") from None
     os.close(fd)
     with contextlib.suppress(OSError):
         os.unlink(probe)
@@ -111,8 +116,8 @@ def atomic_write(
     fsynced, so readers see the old file or the new one. An exception inside the block (a
     failed check included) deletes it and leaves `path` as it was. The writer's own failures
     (no space, no permission) are one-line KvtoolErrors."""
-    shown = Path(path).expanduser()
-    target = check_writable(shown, kind, overwrite=overwrite)
+    target = check_writable(path, kind, overwrite=overwrite)
+    shown = kind.label(Path(path).expanduser())
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as e:
@@ -147,7 +152,7 @@ def write_file(path: str | Path, data: bytes, kind: FileKind = ANY_FILE, *, over
         try:
             f.write(data)
         except OSError as e:  # no space left...
-            raise KvtoolError(f"cannot write {path}: {e.strerror or e}") from None
+            raise KvtoolError(f"cannot write {kind.label(path)}: {e.strerror or e}") from None
     return len(data)
 
 

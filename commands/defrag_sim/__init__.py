@@ -113,7 +113,7 @@ def defrag_sim(
     _check(copy_bw is None or copy_bw > 0, "must be > 0", "--copy-bw")
     _check(plot is None or plot.suffix.lower() == ".png", "the figure is a .png file", "--plot")
     if plot is not None:  # before the simulation: a figure it cannot write is one line now
-        kvtool.check_writable(plot, kvtool.FileKind("a PNG image", rb"\x89PNG"))
+        kvtool.check_writable(plot, kvtool.FileKind("a PNG image", rb"\x89PNG", "the figure"))
     w, n_ctx, n_ub = _workload(
         trace, clients, requests, arrival, rate, prompt_len, gen_len, n_ctx, seed, ubatch
     )

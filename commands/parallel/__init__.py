@@ -101,8 +101,8 @@ def _summary(s: ParallelSummary, prompt_file: str, where: str, n_failed: int) ->
 
 
 # what --json and --trace may replace: a file they wrote before (or an empty one)
-_JSON_KIND = kvtool.FileKind("a kvtool parallel summary", rb'\{\s*"mode"')
-_TRACE_KIND = kvtool.FileKind("a kvtool trace", rb'\{"kvtool_trace"')
+_JSON_KIND = kvtool.FileKind("a kvtool parallel summary", rb'\{\s*"mode"', "the summary")
+_TRACE_KIND = kvtool.FileKind("a kvtool trace", rb'\{"kvtool_trace"', "the trace")
 
 
 @app.command("parallel")
