@@ -42,6 +42,7 @@ every few seconds. Verdict, each check failing the run (exit 1):
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import tempfile
@@ -87,6 +88,7 @@ class Sample:
     anon_mb: float  # RssAnon + VmSwap: what the process allocated, whatever the page cache does
     cells: int  # cells in use
     requests: int  # requests answered so far
+    load: float  # the machine's 1-minute load average (the soak shares it with whatever runs)
 
 
 @dataclass
@@ -230,14 +232,17 @@ def end_round(ctx: kvtool.Context, report: SoakReport, n_sys: int) -> None:
 
 def soak(p: SoakParams, log: Callable[[Sample], None] | None = None) -> SoakReport:
     """Runs the soak; `log` sees every sample as it is taken."""
-    kvtool.set_n_threads(p.threads)
-    if p.model is not None:
-        return _run(p, kvtool.Model(p.model), log)
-    from tests.helpers.tiny_gguf import TinyLlama, write_tiny_llama  # a checkout's helper
+    prev = kvtool.set_n_threads(p.threads)
+    try:
+        if p.model is not None:
+            return _run(p, kvtool.Model(p.model), log)
+        from tests.helpers.tiny_gguf import TinyLlama, write_tiny_llama  # a checkout's helper
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = write_tiny_llama(Path(tmp) / "tiny-llama.gguf", TinyLlama(n_ctx_train=p.n_ctx))
-        return _run(p, kvtool.Model(path), log)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_tiny_llama(Path(tmp) / "tiny-llama.gguf", TinyLlama(n_ctx_train=p.n_ctx))
+            return _run(p, kvtool.Model(path), log)
+    finally:
+        kvtool.set_n_threads(prev)  # a caller in the same process (a test) keeps its threads
 
 
 def _run(p: SoakParams, model: kvtool.Model, log: Callable[[Sample], None] | None) -> SoakReport:
@@ -263,7 +268,7 @@ def _run(p: SoakParams, model: kvtool.Model, log: Callable[[Sample], None] | Non
 
     def sample(done: int) -> None:
         nonlocal next_sample
-        s = Sample(time.perf_counter() - t0, *memory_mb(), ctx.n_used_cells(), done)
+        s = Sample(time.perf_counter() - t0, *memory_mb(), ctx.n_used_cells(), done, os.getloadavg()[0])
         report.samples.append(s)
         next_sample = s.t + p.sample_every
         if log is not None:
@@ -299,7 +304,8 @@ def print_report(r: SoakReport) -> None:
     p = r.params
     print(
         f"soak: {p.n_clients} clients, {r.n_rounds} rounds, {r.n_requests} requests, "
-        f"{r.n_cache_miss} cache misses, kv_unified = {int(p.kv_unified)}, n_ctx = {p.n_ctx}, n_ctx_seq = {r.n_ctx_seq}"
+        f"{r.n_cache_miss} cache misses, kv_unified = {int(p.kv_unified)}, n_ctx = {p.n_ctx}, "
+        f"n_ctx_seq = {r.n_ctx_seq}"
     )
     print("operations: " + ", ".join(f"{k} {v}" for k, v in sorted(r.ops.items())))
     growth = r.rss_growth_mb()
@@ -309,6 +315,36 @@ def print_report(r: SoakReport) -> None:
         print(f"  {line}")
     checks = r.checks()
     print("verdict: " + ", ".join(f"{k} {'ok' if v else 'FAILED'}" for k, v in checks.items()))
+
+
+def plot(r: SoakReport, path: Path) -> None:
+    """The curve as a PNG: memory (MB) and cells in use over time, the warm-up shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [s.t / 60 for s in r.samples]
+    fig, mem = plt.subplots(figsize=(8, 3.6), dpi=110)
+    mem.plot(t, [s.rss_mb for s in r.samples], label="VmRSS (MB)", color="tab:gray")
+    mem.plot(t, [s.anon_mb for s in r.samples], label="anonymous RSS (MB)", color="tab:blue")
+    mem.axvspan(0, r.warmup / 60, color="0.92", label="warm-up")
+    mem.set_xlabel("minutes")
+    mem.set_ylabel("MB")
+    mem.set_ylim(0, max(s.rss_mb for s in r.samples) * 1.15)
+    cells = mem.twinx()
+    cells.plot(t, [s.cells for s in r.samples], color="tab:orange", lw=0.6, alpha=0.6, label="cells in use")
+    cells.set_ylabel("cells in use")
+    cells.set_ylim(0, r.params.n_ctx)
+    lines = mem.get_legend_handles_labels()
+    more = cells.get_legend_handles_labels()
+    mem.legend(lines[0] + more[0], lines[1] + more[1], loc="lower right", fontsize=8)
+    p = r.params
+    mode = "unified" if p.kv_unified else "split"
+    mem.set_title(f"soak: {p.n_clients} clients, {mode} KV, {r.n_requests} requests", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-s", "--seed", type=int, default=d.seed)
     ap.add_argument("-m", "--model", type=Path, default=None, help="a GGUF (default: a tiny random llama)")
     ap.add_argument("-t", "--threads", type=int, default=None)
+    ap.add_argument("--plot", type=Path, default=None, help="write the curve to this PNG")
     a = ap.parse_args(argv)
     if a.seconds <= 0 or a.clients < 1 or a.every <= 0:
         ap.error("need --seconds > 0, --clients >= 1, --every > 0")
@@ -343,14 +380,19 @@ def main(argv: list[str] | None = None) -> int:
         model=a.model,
         threads=a.threads,
     )
-    print(f"{'t (s)':>8} {'RSS (MB)':>9} {'anon (MB)':>10} {'cells':>6} {'requests':>9}", flush=True)
+    print(
+        f"{'t (s)':>8} {'RSS (MB)':>9} {'anon (MB)':>10} {'cells':>6} {'requests':>9} {'load':>5}", flush=True
+    )
     report = soak(
         p,
         lambda s: print(
-            f"{s.t:8.1f} {s.rss_mb:9.1f} {s.anon_mb:10.1f} {s.cells:6d} {s.requests:9d}", flush=True
+            f"{s.t:8.1f} {s.rss_mb:9.1f} {s.anon_mb:10.1f} {s.cells:6d} {s.requests:9d} {s.load:5.1f}",
+            flush=True,
         ),
     )
     print_report(report)
+    if a.plot is not None and report.samples:
+        plot(report, a.plot)
     return 0 if report.ok else 1
 
 
