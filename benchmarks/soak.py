@@ -85,6 +85,20 @@ class SoakParams:
     threads: int | None = None
 
 
+HEADER = " ".join(
+    f"{h:>{w}}"
+    for h, w in [
+        ("t (s)", 8),
+        ("RSS (MB)", 9),
+        ("anon (MB)", 10),
+        ("cells", 6),
+        ("requests", 9),
+        ("load", 5),
+        ("py blocks", 10),
+    ]
+)
+
+
 @dataclass(frozen=True)
 class Sample:
     t: float  # seconds since the run started
@@ -93,6 +107,13 @@ class Sample:
     cells: int  # cells in use
     requests: int  # requests answered so far
     load: float  # the machine's 1-minute load average (the soak shares it with whatever runs)
+    py_blocks: int  # memory blocks Python's allocator holds: objects that pile up show here
+
+    def line(self) -> str:
+        return (
+            f"{self.t:8.1f} {self.rss_mb:9.1f} {self.anon_mb:10.1f} {self.cells:6d} {self.requests:9d} "
+            f"{self.load:5.1f} {self.py_blocks:10d}"
+        )
 
 
 @dataclass
@@ -273,7 +294,14 @@ def _run(p: SoakParams, model: kvtool.Model, log: Callable[[Sample], None] | Non
 
     def sample(done: int) -> None:
         nonlocal next_sample
-        s = Sample(time.perf_counter() - t0, *memory_mb(), ctx.n_used_cells(), done, os.getloadavg()[0])
+        s = Sample(
+            time.perf_counter() - t0,
+            *memory_mb(),
+            ctx.n_used_cells(),
+            done,
+            os.getloadavg()[0],
+            sys.getallocatedblocks(),
+        )
         report.samples.append(s)
         next_sample = s.t + p.sample_every
         if log is not None:
@@ -390,16 +418,8 @@ def main(argv: list[str] | None = None) -> int:
         model=a.model,
         threads=a.threads,
     )
-    print(
-        f"{'t (s)':>8} {'RSS (MB)':>9} {'anon (MB)':>10} {'cells':>6} {'requests':>9} {'load':>5}", flush=True
-    )
-    report = soak(
-        p,
-        lambda s: print(
-            f"{s.t:8.1f} {s.rss_mb:9.1f} {s.anon_mb:10.1f} {s.cells:6d} {s.requests:9d} {s.load:5.1f}",
-            flush=True,
-        ),
-    )
+    print(HEADER, flush=True)
+    report = soak(p, lambda s: print(s.line(), flush=True))
     print_report(report)
     if a.plot is not None and report.samples:
         plot(report, a.plot)

@@ -58,7 +58,7 @@ def test_a_run_too_short_to_judge_fails(tiny_llama_path: Path, capsys: pytest.Ca
 
 def report_with(anon: list[float], slack: float) -> SoakReport:
     r = SoakReport(SoakParams(seconds=len(anon), warmup=2, rss_slack_mb=slack))
-    r.samples = [Sample(float(t), 0.0, a, 0, 0, 0.0) for t, a in enumerate(anon)]
+    r.samples = [Sample(float(t), 0.0, a, 0, 0, 0.0, 0) for t, a in enumerate(anon)]
     r.n_rounds = 1
     return r
 
