@@ -17,27 +17,27 @@ public API:
 - on a scratch sequence: `seq_rm` of all of it or of its newest positions.
 
 Each operation is checked against what it must do (`seq_pos_min/max` before and after). The
-chaos runs in-process through a callback rather than a CLI flag: the operations must know where
-each client is (the position its next token takes), which only the simulation knows between
-two steps, and a chaos flag has no place in a user's command. The simulation keeps a record of
+chaos runs in-process through `on_step`, a callback parameter of `ParallelSim.run`, rather than
+through `kvtool parallel` and a flag: the operations must know where each client is (the
+position its next token takes), which only the simulation knows between two steps, and a
+chaos flag has no place in a user's command. The simulation keeps a record of
 every request it served, so each round starts a new one: a run of hours would otherwise grow
 by its own records, which says nothing about the engine.
 
 At the end of each round every client's sequence must hold the system prompt and nothing else;
 then every sequence is removed one by one and the memory must hold no cell (a cell that no
-sequence owns any more is a leak). Resident memory (VmRSS of /proc/self/status) is sampled
-every few seconds. Verdict, each check failing the run (exit 1):
+sequence owns any more is a leak). Resident memory (/proc/self/status) is sampled every few
+seconds. Verdict, each check failing the run (exit 1):
 
 - rss: after the warm-up (default: the first fifth of the run), the samples are cut in two
   halves by time; the median anonymous RSS of the second half may exceed the median of the
   first by at most `--rss-slack` MB (default 4). The median, not the largest sample: a sample
   that lands on a step's transient buffers reads 10 to 30 MB above its neighbours at any time
   of the run, a leak moves the whole curve (the largest samples' difference is printed too).
-  Anonymous (RssAnon + VmSwap of
-  /proc/self/status) rather than VmRSS: VmRSS also counts the pages of torch's shared libraries
-  that are mapped in, which the kernel drops and reloads as the machine's other processes need
-  memory (on the shared machine VmRSS fell by 140 MB within a minute while nothing was freed);
-  a leak is anonymous memory. Both are printed;
+  Anonymous memory (RssAnon + VmSwap) rather than VmRSS: VmRSS also counts the mapped pages of
+  torch's shared libraries, which the kernel drops and reloads as the machine's other processes
+  need memory (on the shared machine VmRSS fell by 140 MB within a minute while nothing was
+  freed); a leak is anonymous memory. Both are printed;
 - cells: every round ended with n_used == 0 and seq_pos_max == -1 for every sequence;
 - errors: no exception, no operation that did not do what it must.
 """
