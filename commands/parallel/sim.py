@@ -168,8 +168,12 @@ class ParallelSim:
         on_start: Callable[[Client], None] | None = None,
         on_finish: Callable[[RequestRecord], None] | None = None,
         on_miss: Callable[[int], None] | None = None,
+        on_step: Callable[[], None] | None = None,
     ) -> ParallelSummary:
-        """Serves n_sequences requests; raises kvtool.DecodeError if a batch of one token fails."""
+        """Serves n_sequences requests; raises kvtool.DecodeError if a batch of one token fails.
+        `on_step` runs before each step is built: the memory then holds every live client's
+        tokens up to its pending sampled one (position `n_past`), so it may change the memory
+        as long as each live sequence still ends just before its client's `n_past`, or is empty."""
         ctx, p = self.ctx, self.p
         self.t0 = time.perf_counter()
         if p.shared_system:
@@ -177,6 +181,8 @@ class ParallelSim:
             for c in self.clients:
                 ctx.memory.seq_cp(0, c.kv_seq, -1, -1)
         while True:
+            if on_step is not None:
+                on_step()
             batch = kvtool.Batch()
             for c in self.clients:
                 if c.seq >= 0:
