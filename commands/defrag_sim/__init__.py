@@ -159,9 +159,8 @@ def defrag_sim(
 
 
 def _replay(model: str, results: list[SimResult], max_moves: int) -> None:
-    from rich.console import Console
-
     from kvtool.commands.common import load_model_with_status
+    from kvtool.commands.common.text import console
     from kvtool.commands.defrag_sim.replay import MAX_CELLS, replay
 
     hit = next((r for r in results if r.first_compaction is not None), None)
@@ -172,7 +171,7 @@ def _replay(model: str, results: list[SimResult], max_moves: int) -> None:
         raise kvtool.KvtoolError(
             f"--replay: a stream of {cells.size} cells is too large (-c: at most {MAX_CELLS})"
         )
-    m = load_model_with_status(model, Console(stderr=True))
+    m = load_model_with_status(model, console(stderr=True))
     r = replay(m, cells, max_moves)
     same = "equal" if r.bitwise else "DIFFER from"
     print(

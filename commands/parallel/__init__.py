@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, TypeAlias
 
 import typer
 from rich import box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -27,8 +27,8 @@ from kvtool.commands.parallel.sim import Client, ParallelParams, ParallelSim, Pa
 if TYPE_CHECKING:
     from kvtool.commands.defrag_sim.trace import TraceRecorder
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+err = common.text.console(stderr=True)
+out = common.text.console()
 
 Sim: TypeAlias = ParallelSim | HttpParallelSim
 
@@ -60,9 +60,7 @@ def _started(c: Client) -> None:
 
 
 def _missed(n_batch: int) -> None:
-    err.print(
-        f"[yellow]parallel: no KV cells for the batch, retrying with n_batch = {n_batch}[/]", soft_wrap=True
-    )
+    err.print(f"parallel: no KV cells for the batch, retrying with n_batch = {n_batch}", style="yellow")
 
 
 def _finished(r: RequestRecord, n_seq: int) -> None:

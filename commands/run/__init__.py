@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 import kvtool
 from kvtool.commands import app, common
@@ -17,7 +16,7 @@ from kvtool.commands.run.keeper import Keeper, err
 from kvtool.commands.run.loop import COMMANDS, chat, one_shot
 from kvtool.commands.run.perf import Perf
 
-_quiet = Console(stderr=True, quiet=True)  # --no-progress: no spinner while loading
+_quiet = common.text.console(stderr=True, quiet=True)  # --no-progress: no spinner while loading
 
 
 @app.command("run")
@@ -155,8 +154,9 @@ def run(
     perf = Perf(t_start=t_load_start, t_load=t_load)
     if not no_chat and m.file.get("tokenizer.chat_template", None) is None:
         err.print(
-            f"[yellow]note: {m.path.name} has no chat template (a pretrained model?): "
-            "its replies may ramble; --no-chat completes raw text[/]"
+            f"note: {m.path.name} has no chat template (a pretrained model?): "
+            "its replies may ramble; --no-chat completes raw text",
+            style="yellow",
         )
     show = not no_progress and err.is_terminal
     bar = PromptBar(err) if show else None

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 import kvtool
@@ -20,7 +19,7 @@ from kvtool.commands.common.progress import PROMPT_CHUNK, PromptBar
 if TYPE_CHECKING:
     import torch
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = common.text.console(stderr=True)
 state_app = typer.Typer(
     help="Save a prompt's KV state, continue generating from it, inspect state files and stores.",
     no_args_is_help=True,
@@ -143,7 +142,7 @@ def _write(text: str) -> None:
 def inspect(file: Annotated[Path, typer.Argument(help="A state file.")]) -> None:
     """Show a state file's header: model, memory layout, sequences, token counts, sizes."""
     info = kvtool.inspect_state(file)
-    out = Console(highlight=False, soft_wrap=True)
+    out = common.text.console()
     out.print(f"file: {file} ({info.n_bytes:,} bytes, checksum ok)")
     out.print(f"format: kvtool.state version {info.version}, {info.kind} state")
     md = info.model
@@ -205,4 +204,4 @@ def list_store(
     for r in rows:
         saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated))
         table.add_row(r.name, r.model, str(r.n_tokens), str(r.n_messages), f"{r.n_bytes:,}", saved)
-    Console(highlight=False).print(table)
+    common.text.console(soft_wrap=False).print(table)

@@ -1,0 +1,47 @@
+"""Text from outside kvtool, in and out: the one place that decodes it and the one place that
+shows it.
+
+In: a prompt from argv, stdin or a file may hold bytes that are not UTF-8. llama.cpp's tokenizer
+reads each such byte as U+FFFD and goes on; so does kvtool (`user_text`, `read_text`,
+`main` reconfigures stdin). Out: a model name, a file name, a conversation name, a message, the
+model's output or a template's text may hold `[/x]`, `[link=...]` or `:smile:`, which a rich
+console would read as markup or emoji (and crash on an unmatched tag). The verbs print on
+`console()`s, which read neither, and label spinners and bars with `plain()`, which rich does
+not parse either. Styles are given with `style=`, never as markup tags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from kvtool import KvtoolError
+
+
+def console(stderr: bool = False, quiet: bool = False, soft_wrap: bool = True) -> Console:
+    """A console on which every string prints as it is: no markup, no emoji codes, no highlighting."""
+    return Console(
+        stderr=stderr, quiet=quiet, soft_wrap=soft_wrap, markup=False, emoji=False, highlight=False
+    )
+
+
+def plain(text: object, style: str = "") -> Text:
+    """`text` as a rich Text, which no console reads as markup (spinner and table labels)."""
+    return Text(str(text), style=style)
+
+
+def user_text(text: str) -> str:
+    """A text flag as the user gave it: bytes of argv that are not UTF-8 (which Python keeps as
+    lone surrogates) become U+FFFD, as llama.cpp's tokenizer reads them."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def read_text(path: Path, flag: str) -> str:
+    """A text file (a prompt, questions, a system prompt): bytes that are not UTF-8 read as
+    U+FFFD; a file that cannot be read is one line naming the flag and the file."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise KvtoolError(f"{flag}: cannot read {path}: {e.strerror or e}") from None
+    return data.decode("utf-8", "replace")
