@@ -56,7 +56,13 @@ def md_row(r: BatchedResult) -> str:
 def batched_bench(
     model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     ctx_size: Annotated[
-        int, typer.Option("-c", "--ctx-size", help="Context size (0: enough for the largest combination).")
+        int,
+        typer.Option(
+            "-c",
+            "--ctx-size",
+            help="Context size (0: enough for the largest combination).",
+            callback=common.values.bounds(0),
+        ),
     ] = 0,
     batch_size: common.BatchOpt = 2048,
     ubatch_size: common.UBatchOpt = 512,
@@ -89,7 +95,7 @@ def batched_bench(
     n_threads = kvtool.set_n_threads(threads)
     shown = common.progress_console(err, no_progress)
     m = common.load_model_with_status(model, shown)
-    if ctx_size <= 0:  # every combination fits: per stream in split mode, in total when unified
+    if ctx_size == 0:  # every combination fits: per stream in split mode, in total when unified
         combos = [(pp, tg, pl) for pp in pps_list for tg in tg_list for pl in pl_list]
         if kv_unified:
             ctx_size = max(batched_n_kv(pp, tg, pl, pps, True) for pp, tg, pl in combos)

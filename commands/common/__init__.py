@@ -12,17 +12,25 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 import kvtool
-from kvtool.commands.common import text
+from kvtool.commands.common import text, values
 from kvtool.commands.common.text import plain
 
 ModelOpt = Annotated[
     str,
     typer.Option("-m", "--model", help="A known model name (see `kvtool models`) or a GGUF file path."),
 ]
-CtxOpt = Annotated[int, typer.Option("-c", "--ctx-size", help="Context size (0: the model's).")]
-BatchOpt = Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")]
-UBatchOpt = Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")]
-ThreadsOpt = Annotated[int | None, typer.Option("-t", "--threads", help="CPU threads.")]
+CtxOpt = Annotated[
+    int, typer.Option("-c", "--ctx-size", help="Context size (0: the model's).", callback=values.bounds(0))
+]
+BatchOpt = Annotated[
+    int, typer.Option("-b", "--batch-size", help="Logical batch size.", callback=values.bounds(1))
+]
+UBatchOpt = Annotated[
+    int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.", callback=values.bounds(1))
+]
+ThreadsOpt = Annotated[
+    int | None, typer.Option("-t", "--threads", help="CPU threads.", callback=values.bounds(1))
+]
 TypeKOpt = Annotated[str, typer.Option("-ctk", "--cache-type-k", help="K cache type: f32, f16, bf16.")]
 TypeVOpt = Annotated[str, typer.Option("-ctv", "--cache-type-v", help="V cache type: f32, f16, bf16.")]
 SwaFullOpt = Annotated[
@@ -33,6 +41,27 @@ KvUnifiedOpt = Annotated[
     bool,
     typer.Option(
         "-kvu", "--kv-unified", help="One KV buffer shared by all sequences (else one stream each)."
+    ),
+]
+
+# the sampler's flags, with llama.cpp's meanings; a value without one is a usage error
+TempOpt = Annotated[
+    float, typer.Option("--temp", help="Temperature (0: greedy).", callback=values.bounds(0.0))
+]
+TopKOpt = Annotated[int, typer.Option("--top-k", help="Top-k (0: off).", callback=values.bounds(0))]
+TopPOpt = Annotated[
+    float, typer.Option("--top-p", help="Top-p (1.0: off).", callback=values.bounds(0.0, 1.0))
+]
+MinPOpt = Annotated[
+    float, typer.Option("--min-p", help="Min-p (0.0: off).", callback=values.bounds(0.0, 1.0))
+]
+RepeatPenaltyOpt = Annotated[
+    float, typer.Option("--repeat-penalty", help="1.0: off.", callback=values.bounds(0.0, lo_open=True))
+]
+RepeatLastNOpt = Annotated[
+    int,
+    typer.Option(
+        "--repeat-last-n", help="Tokens the penalty looks at (-1: all).", callback=values.bounds(-1)
     ),
 ]
 
@@ -52,6 +81,7 @@ DefragTholOpt = Annotated[
     typer.Option(
         "--defrag-thold",
         help="Compact a KV stream when its holes exceed this part of its used span (<= 0: never).",
+        callback=values.bounds(hi=1.0, hi_open=True),
     ),
 ]
 DefragOpt = Annotated[
@@ -63,6 +93,7 @@ RsSeqOpt = Annotated[
     typer.Option(
         "--rs-seq",
         help="Recurrent models: states kept per sequence, so a reply can be taken back this many tokens.",
+        callback=values.bounds(0),
     ),
 ]
 

@@ -101,9 +101,21 @@ def _summary(s: ParallelSummary, prompt_file: str, where: str, n_failed: int) ->
 @app.command("parallel")
 def parallel(
     model: common.ModelOpt = kvtool.DEFAULT_MODEL,
-    n_parallel: Annotated[int, typer.Option("-np", "--parallel", help="Simultaneous clients.")] = 1,
-    n_sequences: Annotated[int, typer.Option("-ns", "--sequences", help="Requests in total.")] = 1,
-    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Max tokens per answer.")] = 128,
+    n_parallel: Annotated[
+        int, typer.Option("-np", "--parallel", help="Simultaneous clients.", callback=common.values.bounds(1))
+    ] = 1,
+    n_sequences: Annotated[
+        int, typer.Option("-ns", "--sequences", help="Requests in total.", callback=common.values.bounds(0))
+    ] = 1,
+    n_predict: Annotated[
+        int,
+        typer.Option(
+            "-n",
+            "--n-predict",
+            help="Max tokens per answer (<= 0: no limit).",
+            callback=common.values.bounds(-1),
+        ),
+    ] = 128,
     ctx_size: common.CtxOpt = 4096,
     batch_size: common.BatchOpt = 2048,
     ubatch_size: common.UBatchOpt = 512,
@@ -125,18 +137,26 @@ def parallel(
     pps: Annotated[
         bool, typer.Option("-pps", help="Decode the system prompt once and seq_cp it to every client.")
     ] = False,
-    junk: Annotated[int, typer.Option("--junk", help="Up to N-1 filler turns per prompt.")] = 1,
+    junk: Annotated[
+        int,
+        typer.Option("--junk", help="Up to N-1 filler turns per prompt.", callback=common.values.bounds(0)),
+    ] = 1,
     file: Annotated[Path | None, typer.Option("-f", "--file", help="Questions, one per line.")] = None,
     system_file: Annotated[
         Path | None,
         typer.Option("--system-file", help="The shared system prompt (default: a ~290-token transcript)."),
     ] = None,
     seed: Annotated[int, typer.Option("-s", "--seed", help="Sampler seed (<0: random per client).")] = -1,
-    temp: Annotated[float, typer.Option("--temp", help="Temperature (<= 0: greedy).")] = 0.8,
+    temp: common.TempOpt = 0.8,
     server: Annotated[
         str | None, typer.Option("--server", help="Send the requests to this OpenAI-compatible URL.")
     ] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per server request.")] = 600.0,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout", help="Seconds per server request.", callback=common.values.bounds(0.0, lo_open=True)
+        ),
+    ] = 600.0,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No live view on stderr.")] = False,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the summary and every request here.")
@@ -147,8 +167,6 @@ def parallel(
     ] = None,
 ) -> None:
     """Simulate clients sending requests to a server (llama-parallel)."""
-    if n_parallel < 1 or n_sequences < 0:
-        raise typer.BadParameter("need -np >= 1 and -ns >= 0")
     prompts = list(QUESTIONS)
     if file is not None:
         try:

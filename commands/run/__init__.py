@@ -37,18 +37,21 @@ def run(
         ),
     ] = None,
     n_predict: Annotated[
-        int, typer.Option("-n", "--n-predict", help="Tokens to generate (-1: until end).")
+        int,
+        typer.Option(
+            "-n", "--n-predict", help="Tokens to generate (-1: until end).", callback=common.values.bounds(-1)
+        ),
     ] = -1,
     ctx_size: common.CtxOpt = 4096,
     batch_size: common.BatchOpt = 2048,
     ubatch_size: common.UBatchOpt = 512,
     threads: common.ThreadsOpt = None,
-    temp: Annotated[float, typer.Option("--temp", help="Temperature (<= 0: greedy).")] = 0.8,
-    top_k: Annotated[int, typer.Option("--top-k", help="Top-k (<= 0: off).")] = 40,
-    top_p: Annotated[float, typer.Option("--top-p", help="Top-p (1.0: off).")] = 0.95,
-    min_p: Annotated[float, typer.Option("--min-p", help="Min-p (0.0: off).")] = 0.05,
-    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty", help="1.0: off.")] = 1.0,
-    repeat_last_n: Annotated[int, typer.Option("--repeat-last-n", help="Tokens the penalty looks at.")] = 64,
+    temp: common.TempOpt = 0.8,
+    top_k: common.TopKOpt = 40,
+    top_p: common.TopPOpt = 0.95,
+    min_p: common.MinPOpt = 0.05,
+    repeat_penalty: common.RepeatPenaltyOpt = 1.0,
+    repeat_last_n: common.RepeatLastNOpt = 64,
     seed: Annotated[int, typer.Option("-s", "--seed", help="RNG seed (-1: random).")] = -1,
     system: Annotated[str | None, typer.Option("-sys", "--system", help="System message.")] = None,
     no_chat: Annotated[bool, typer.Option("--no-chat", help="Raw completion, no chat template.")] = False,
@@ -63,7 +66,11 @@ def run(
     ] = False,
     keep: Annotated[
         int,
-        typer.Option("--keep", help="Tokens of the prompt a context shift keeps (after the BOS; -1: all)."),
+        typer.Option(
+            "--keep",
+            help="Tokens of the prompt a context shift keeps (after the BOS; -1: all).",
+            callback=common.values.bounds(-1),
+        ),
     ] = 0,
     jinja: Annotated[
         bool, typer.Option("--jinja", help="Render the GGUF's own Jinja chat template.")
@@ -93,7 +100,12 @@ def run(
     ] = "default",
     parallel: Annotated[
         int | None,
-        typer.Option("-np", "--parallel", help="Conversations in memory at once (default: 4 with --store)."),
+        typer.Option(
+            "-np",
+            "--parallel",
+            help="Conversations in memory at once (default: 4 with --store).",
+            callback=common.values.bounds(1),
+        ),
     ] = None,
 ) -> None:
     """Chat with a model (interactive, or turns read from a pipe), or complete one prompt (-p)."""

@@ -27,7 +27,12 @@ state_app = typer.Typer(
 app.add_typer(state_app, name="state")
 
 SeqOpt = Annotated[
-    int | None, typer.Option("--seq", help="Save/restore one sequence (a sequence state) instead of all.")
+    int | None,
+    typer.Option(
+        "--seq",
+        help="Save/restore one sequence (a sequence state) instead of all.",
+        callback=common.values.bounds(0),
+    ),
 ]
 
 
@@ -74,11 +79,19 @@ def load(
     input: Annotated[Path, typer.Option("-i", "--input", help="State file to restore.")],
     model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     prompt: Annotated[str | None, typer.Option("-p", "--prompt", help="More text to decode first.")] = None,
-    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.")] = 32,
+    n_predict: Annotated[
+        int,
+        typer.Option(
+            "-n", "--n-predict", help="Tokens to generate (-1: until end).", callback=common.values.bounds(-1)
+        ),
+    ] = 32,
     seq: Annotated[
-        int | None, typer.Option("--seq", help="Sequence to continue (default: the saved one).")
+        int | None,
+        typer.Option(
+            "--seq", help="Sequence to continue (default: the saved one).", callback=common.values.bounds(0)
+        ),
     ] = None,
-    temp: Annotated[float, typer.Option("--temp", help="Temperature (<= 0: greedy).")] = 0.0,
+    temp: common.TempOpt = 0.0,
     seed: Annotated[
         int, typer.Option("-s", "--seed", help="RNG seed (-1: the saved sampler's, if any).")
     ] = -1,
