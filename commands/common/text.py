@@ -31,10 +31,24 @@ def plain(text: object, style: str = "") -> Text:
     return Text(str(text), style=style)
 
 
-def user_text(text: str) -> str:
-    """A text flag as the user gave it: bytes of argv that are not UTF-8 (which Python keeps as
-    lone surrogates) become U+FFFD, as llama.cpp's tokenizer reads them."""
+def user_text(text: str | None) -> str | None:
+    """A text flag as the user gave it (the typer callback of -p, -sys, --conversation...): bytes
+    of argv that are not UTF-8, which Python keeps as lone surrogates, become U+FFFD, as
+    llama.cpp's tokenizer reads them. File paths keep their bytes: they are not text flags."""
+    if text is None:
+        return None
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def reconfigure_std_streams() -> None:
+    """Piped input that is not UTF-8 reads as U+FFFD (chat turns); output never fails on a
+    character the terminal's encoding lacks or on a file name's undecodable bytes."""
+    import sys
+
+    for stream, errors in ((sys.stdin, "replace"), (sys.stdout, "backslashreplace")):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors=errors)
 
 
 def read_text(path: Path, flag: str) -> str:

@@ -149,7 +149,12 @@ def parallel(
     seed: Annotated[int, typer.Option("-s", "--seed", help="Sampler seed (<0: random per client).")] = -1,
     temp: common.TempOpt = 0.8,
     server: Annotated[
-        str | None, typer.Option("--server", help="Send the requests to this OpenAI-compatible URL.")
+        str | None,
+        typer.Option(
+            "--server",
+            help="Send the requests to this OpenAI-compatible URL.",
+            callback=common.text.user_text,
+        ),
     ] = None,
     timeout: Annotated[
         float,
@@ -169,10 +174,7 @@ def parallel(
     """Simulate clients sending requests to a server (llama-parallel)."""
     prompts = list(QUESTIONS)
     if file is not None:
-        try:
-            prompts = read_prompts(file.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise typer.BadParameter(str(e), param_hint="-f") from e
+        prompts = read_prompts(common.text.read_text(file, "-f"))
         if not prompts:
             raise typer.BadParameter(f"{file} holds no questions", param_hint="-f")
         out.print(Text(f"questions from {file}:", style="green"))
@@ -180,10 +182,7 @@ def parallel(
             out.print(Text(f"{i:3d} prompt: {q}"))
     system = SYSTEM_PROMPT
     if system_file is not None:
-        try:
-            system = system_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise typer.BadParameter(f"cannot read {system_file}: {e}", param_hint="--system-file") from e
+        system = common.text.read_text(system_file, "--system-file")
     sp = kvtool.SamplerParams(seed=seed, temp=temp)
     params = ParallelParams(
         n_parallel,

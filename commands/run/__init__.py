@@ -23,7 +23,10 @@ _quiet = common.text.console(stderr=True, quiet=True)  # --no-progress: no spinn
 def run(
     model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     prompt: Annotated[
-        str | None, typer.Option("-p", "--prompt", help="One-shot: complete this and exit.")
+        str | None,
+        typer.Option(
+            "-p", "--prompt", help="One-shot: complete this and exit.", callback=common.text.user_text
+        ),
     ] = None,
     file: Annotated[
         Path | None, typer.Option("-f", "--file", help="Read the prompt (-p) from this file.")
@@ -53,7 +56,9 @@ def run(
     repeat_penalty: common.RepeatPenaltyOpt = 1.0,
     repeat_last_n: common.RepeatLastNOpt = 64,
     seed: Annotated[int, typer.Option("-s", "--seed", help="RNG seed (-1: random).")] = -1,
-    system: Annotated[str | None, typer.Option("-sys", "--system", help="System message.")] = None,
+    system: Annotated[
+        str | None, typer.Option("-sys", "--system", help="System message.", callback=common.text.user_text)
+    ] = None,
     no_chat: Annotated[bool, typer.Option("--no-chat", help="Raw completion, no chat template.")] = False,
     ignore_eos: Annotated[
         bool, typer.Option("--ignore-eos", help="Never stop at end-of-generation tokens.")
@@ -96,7 +101,10 @@ def run(
         Path | None, typer.Option("--store", help="Keep conversations in this SQLite store.")
     ] = None,
     conversation: Annotated[
-        str, typer.Option("--conversation", help="The conversation of --store to open.")
+        str,
+        typer.Option(
+            "--conversation", help="The conversation of --store to open.", callback=common.text.user_text
+        ),
     ] = "default",
     parallel: Annotated[
         int | None,
@@ -112,10 +120,7 @@ def run(
     if file is not None:
         if prompt is not None:
             raise typer.BadParameter("give the prompt with -p or -f, not both", param_hint="-f")
-        try:
-            prompt = file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise typer.BadParameter(f"cannot read {file}: {e}", param_hint="-f") from e
+        prompt = common.text.read_text(file, "-f")
     if conversation_mode is False:  # llama-cli -no-cnv: plain completion of the prompt
         if prompt is None:
             raise typer.BadParameter("needs a prompt (-p TEXT or -f FILE)", param_hint="-no-cnv")

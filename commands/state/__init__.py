@@ -39,7 +39,10 @@ SeqOpt = Annotated[
 @state_app.command("save")
 def save(
     output: Annotated[Path, typer.Option("-o", "--output", help="State file to write.")],
-    prompt: Annotated[str, typer.Option("-p", "--prompt", help="Text to decode before saving.")],
+    prompt: Annotated[
+        str,
+        typer.Option("-p", "--prompt", help="Text to decode before saving.", callback=common.text.user_text),
+    ],
     model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     seq: SeqOpt = None,
     ctx_size: common.CtxOpt = 4096,
@@ -78,7 +81,10 @@ def save(
 def load(
     input: Annotated[Path, typer.Option("-i", "--input", help="State file to restore.")],
     model: common.ModelOpt = kvtool.DEFAULT_MODEL,
-    prompt: Annotated[str | None, typer.Option("-p", "--prompt", help="More text to decode first.")] = None,
+    prompt: Annotated[
+        str | None,
+        typer.Option("-p", "--prompt", help="More text to decode first.", callback=common.text.user_text),
+    ] = None,
     n_predict: Annotated[
         int,
         typer.Option(
