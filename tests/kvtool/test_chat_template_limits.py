@@ -11,7 +11,8 @@ import pytest
 
 from kvtool.chat_template import ChatTemplate
 from kvtool.errors import TemplateError
-from kvtool.template_sandbox import Limits, format_size, percent_size, replace_size, text_size
+from kvtool.template_sandbox import Limits
+from kvtool.template_sizes import format_size, percent_size, replace_size, text_size
 from tests.helpers.cli import kvtool_cli
 from tests.helpers.tiny_gguf import write_tiny_llama
 
