@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import typer
 from rich.console import Console
 from rich.text import Text
-
-from kvtool import KvtoolError
 
 
 def console(stderr: bool = False, quiet: bool = False, soft_wrap: bool = True) -> Console:
@@ -53,9 +52,9 @@ def reconfigure_std_streams() -> None:
 
 def read_text(path: Path, flag: str) -> str:
     """A text file (a prompt, questions, a system prompt): bytes that are not UTF-8 read as
-    U+FFFD; a file that cannot be read is one line naming the flag and the file."""
+    U+FFFD; a file that cannot be read is a usage error naming the flag and the file."""
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise KvtoolError(f"{flag}: cannot read {path}: {e.strerror or e}") from None
+        raise typer.BadParameter(f"cannot read {path}: {e.strerror or e}", param_hint=flag) from None
     return data.decode("utf-8", "replace")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import gguf
 import pytest
+import typer
 
-import kvtool
 from kvtool.commands.common.text import read_text, user_text
 from tests.helpers.cli import kvtool_cli
 from tests.helpers.tiny_gguf import write_tiny_llama
@@ -25,7 +25,7 @@ def test_invalid_bytes_read_as_replacement_characters(tmp_path: Path) -> None:
     assert read_text(tmp_path / "p.txt", "-f") == "the cat \ufffd\ufffd sat \ufffd"
     assert user_text(os.fsdecode(BAD)) == "the cat \ufffd\ufffd sat \ufffd"
     assert user_text(None) is None
-    with pytest.raises(kvtool.KvtoolError, match=r"^-f: cannot read .*missing"):
+    with pytest.raises(typer.BadParameter, match=r"^cannot read .*missing"):
         read_text(tmp_path / "missing", "-f")
 
 
