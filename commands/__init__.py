@@ -58,7 +58,10 @@ def _register() -> None:
 def main() -> None:
     """Console entry point: user errors are one line on stderr and exit code 2."""
     _register()
+    from kvtool.commands.common.text import reconfigure_std_streams
     from kvtool.commands.flags import check_argv
+
+    reconfigure_std_streams()
 
     argv = sys.argv[1:]
     try:

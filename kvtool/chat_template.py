@@ -14,14 +14,12 @@ from datetime import datetime
 from typing import Any, NoReturn
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from kvtool.errors import TemplateError
+from kvtool.template_sandbox import BoundedSandbox, Limits, render
 
 # A rendered prompt beyond this is an attack or a bug, not a conversation.
-MAX_OUTPUT_CHARS = 1 << 24
-# Bounds `a ** b` on ints, whose cost grows with the result's size.
-_MAX_POW_BITS = 1 << 16
+MAX_OUTPUT_CHARS = Limits().max_chars
 
 # llama.cpp's trim() strips C isspace(), a narrower set than Python's str.strip().
 _C_SPACE = r"{%- set ws = ' \t\n\v\f\r' -%}"
@@ -97,35 +95,6 @@ def _tojson(value: Any, indent: int | None = None, separators: Any = None, sort_
     return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def _too_large(operator: str, left: Any, right: Any) -> bool:
-    """Would ``left <operator> right`` build a huge string, list or integer? Checked before it does."""
-    seq = (str, list, tuple)
-    if operator == "**" and isinstance(left, int) and isinstance(right, int):
-        return right > 0 and abs(left) > 1 and right * abs(left).bit_length() > _MAX_POW_BITS
-    if operator == "+" and isinstance(left, seq) and isinstance(right, seq):
-        return len(left) + len(right) > MAX_OUTPUT_CHARS
-    if operator == "*":
-        for items, times in ((left, right), (right, left)):
-            if isinstance(items, seq) and isinstance(times, int):
-                return len(items) * times > MAX_OUTPUT_CHARS
-    return False
-
-
-class _Sandbox(ImmutableSandboxedEnvironment):
-    """Immutable sandbox that fails loudly on unsafe attributes and bounds result sizes."""
-
-    intercepted_binops = frozenset({"+", "*", "**"})
-
-    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
-        # The stock sandbox returns an Undefined, so `{{ ''.__class__ }}` would print nothing.
-        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} is not allowed")
-
-    def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
-        if _too_large(operator, left, right):
-            raise SecurityError(f"result of {operator!r} too large")
-        return super().call_binop(context, operator, left, right)
-
-
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     lineno = getattr(exc, "lineno", None)
@@ -137,16 +106,27 @@ class ChatTemplate:
 
     ``name`` is ``"builtin"`` for a GGUF's own template, else the named format's name;
     ``source`` is the Jinja text. Compiling fails early: a syntax error raises TemplateError.
+    Each render runs under ``limits`` (time, size of any value built, memory growth; see
+    kvtool.template_sandbox): exceeding one raises TemplateError.
     """
 
-    def __init__(self, source: str, name: str = "builtin", bos_token: str = "", eos_token: str = "") -> None:
+    def __init__(
+        self,
+        source: str,
+        name: str = "builtin",
+        bos_token: str = "",
+        eos_token: str = "",
+        limits: Limits | None = None,
+    ) -> None:
         self.name = name
         self.source = source
+        self.limits = limits or Limits()
         self._bos_token = bos_token
         self._eos_token = eos_token
-        env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
         env.filters["tojson"] = _tojson
+        env.guard_filters()
         try:
             self._template = env.from_string(source)
         except Exception as exc:  # untrusted text: any failure to compile is the template's fault
@@ -165,7 +145,9 @@ class ChatTemplate:
 
         ``add_generation_prompt`` opens an assistant turn at the end (llama.cpp's ``add_ass``).
         """
-        chunks: Iterator[str] = self._template.generate(
+        chunks: Iterator[str] = render(
+            self._template,
+            self.limits,
             messages=messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=self._bos_token,
@@ -181,8 +163,10 @@ class ChatTemplate:
                         f"chat template {self.name!r} output exceeds {MAX_OUTPUT_CHARS} chars"
                     )
                 out.append(chunk)
-        except TemplateError:
-            raise
+        except TemplateError as exc:
+            if str(exc).startswith("chat template "):
+                raise
+            raise TemplateError(f"chat template {self.name!r} {exc}") from None
         except Exception as exc:  # untrusted code: any failure while rendering is the template's fault
             raise TemplateError(f"chat template {self.name!r} failed: {_one_line(exc)}") from exc
         return "".join(out)

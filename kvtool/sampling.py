@@ -5,6 +5,8 @@ Chain (common/sampling.cpp, default order): penalties -> top_k -> typical_p -> t
 off by default and not implemented here. Each stage follows src/llama-sampling.cpp: top_k <= 0,
 typical_p >= 1, top_p >= 1 and min_p <= 0 switch a stage off; temperature <= 0 makes the final
 pick the argmax of the surviving candidates (lowest id on ties) instead of a random draw.
+As in llama.cpp, every truncating stage keeps at least one candidate (the best), so no setting
+leaves nothing to pick (`min_p` 2 keeps the top token).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from kvtool.errors import KvtoolError
+
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # "pick a random seed", as in llama.h
 
 
@@ -26,6 +30,8 @@ class SamplerParams:
     ``seed`` -1 (or 0xFFFFFFFF) asks for a random seed; other values are taken modulo 2**32.
     ``repeat_last_n`` 0 switches penalties off; a negative value covers every accepted token.
     ``min_keep``: truncating stages keep at least this many tokens (each keeps at least one).
+    ``Sampler`` refuses (KvtoolError) what has no meaning in llama.cpp either: a NaN or infinite
+    value, ``repeat_penalty <= 0``, ``repeat_last_n < -1``, ``min_keep < 0``.
     """
 
     seed: int = -1
@@ -39,6 +45,22 @@ class SamplerParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     min_keep: int = 0
+
+    def check(self) -> None:
+        """Raises KvtoolError naming the first parameter that has no meaning."""
+        for name in ("temp", "top_p", "min_p", "typical_p", "repeat_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise KvtoolError(f"sampler: {name} must be a finite number, got {getattr(self, name)}")
+        if not math.isfinite(self.presence_penalty):
+            raise KvtoolError(
+                f"sampler: presence_penalty must be a finite number, got {self.presence_penalty}"
+            )
+        if self.repeat_penalty <= 0:
+            raise KvtoolError(f"sampler: repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise KvtoolError(f"sampler: repeat_last_n must be >= -1, got {self.repeat_last_n}")
+        if self.min_keep < 0:
+            raise KvtoolError(f"sampler: min_keep must be >= 0, got {self.min_keep}")
 
 
 @dataclass(frozen=True)
@@ -152,6 +174,7 @@ def min_p(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
         return c
     # p_i >= p * p_max  <=>  logit_i >= max_logit + log(p): no softmax needed.
     keep = c.logits >= c.logits.max() + math.log(p)
+    min_keep = max(1, min_keep)  # llama.cpp: the best token survives any p (even p > 1)
     if int(keep.sum()) >= min_keep:
         return c.take(keep, sorted=c.sorted)
     return c.sort().take(slice(0, min_keep), sorted=True)
@@ -176,6 +199,20 @@ def draw(c: Candidates, generator: torch.Generator) -> int:
     return int(c.ids[min(i, cum.numel() - 1)])
 
 
+def _check_logits(row: torch.Tensor) -> None:
+    """Logits a draw can use: no NaN, no +inf, and some token not banned (-inf). A model that
+    computes such logits (overflowing f16 weights, a broken GGUF) gives one line, not a crash."""
+    if row.numel() == 0:
+        raise KvtoolError("sampler: the logits row is empty")
+    top = float(row.max())  # torch's max is NaN when any value is
+    if math.isnan(top):
+        raise KvtoolError("the model computed NaN logits (its weights or the context are broken)")
+    if top == math.inf:
+        raise KvtoolError("the model computed infinite logits (its weights or the context are broken)")
+    if top == -math.inf:
+        raise KvtoolError("sampler: every token is banned (all logits are -inf)")
+
+
 class Sampler:
     """A sampler chain with its penalty history and random state.
 
@@ -185,6 +222,7 @@ class Sampler:
     """
 
     def __init__(self, params: SamplerParams) -> None:
+        params.check()
         self._params = replace(params)
         seed = params.seed & 0xFFFFFFFF
         # A random seed is drawn below LLAMA_DEFAULT_SEED so that passing it back reproduces the run.
@@ -242,6 +280,7 @@ class Sampler:
         is not modified). The math and the draw run on CPU, so a seed reproduces across devices."""
         p = self._params
         row = logits.detach().reshape(-1).to("cpu", torch.float32)
+        _check_logits(row)
         if p.repeat_last_n != 0:
             row = apply_penalties(
                 row, self._counts, p.repeat_penalty, p.frequency_penalty, p.presence_penalty

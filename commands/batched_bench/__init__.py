@@ -8,7 +8,6 @@ import random
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 import kvtool
 from kvtool.commands import app, common
@@ -21,7 +20,7 @@ from kvtool.commands.batched_bench.logic import (
 )
 from kvtool.commands.common.values import parse_int_list
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = common.text.console(stderr=True)
 
 _HEAD = ("PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s")
 _W = (6, 6, 4, 6, 8, 8, 8, 8, 8, 8)
@@ -57,7 +56,13 @@ def md_row(r: BatchedResult) -> str:
 def batched_bench(
     model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     ctx_size: Annotated[
-        int, typer.Option("-c", "--ctx-size", help="Context size (0: enough for the largest combination).")
+        int,
+        typer.Option(
+            "-c",
+            "--ctx-size",
+            help="Context size (0: enough for the largest combination).",
+            callback=common.values.bounds(0),
+        ),
     ] = 0,
     batch_size: common.BatchOpt = 2048,
     ubatch_size: common.UBatchOpt = 512,
@@ -90,7 +95,7 @@ def batched_bench(
     n_threads = kvtool.set_n_threads(threads)
     shown = common.progress_console(err, no_progress)
     m = common.load_model_with_status(model, shown)
-    if ctx_size <= 0:  # every combination fits: per stream in split mode, in total when unified
+    if ctx_size == 0:  # every combination fits: per stream in split mode, in total when unified
         combos = [(pp, tg, pl) for pp in pps_list for tg in tg_list for pl in pl_list]
         if kv_unified:
             ctx_size = max(batched_n_kv(pp, tg, pl, pps, True) for pp, tg, pl in combos)
@@ -123,9 +128,9 @@ def batched_bench(
             for pl in pl_list:
                 reason = batched_skip_reason(ctx, pp, tg, pl, pps)
                 if reason is not None:
-                    err.print(f"[dim]skipped PP = {pp}, TG = {tg}, B = {pl}: {reason}[/]")
+                    err.print(f"skipped PP = {pp}, TG = {tg}, B = {pl}: {reason}", style="dim")
                     continue
-                with shown.status(f"PP = {pp}, TG = {tg}, B = {pl}", spinner="dots"):
+                with shown.status(common.plain(f"PP = {pp}, TG = {tg}, B = {pl}"), spinner="dots"):
                     r = batched_run(ctx, pp, tg, pl, pps, rng, tg_separate=tgs)
                 if output_format == "md":
                     print(md_row(r), flush=True)

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 import kvtool
@@ -19,14 +18,17 @@ from kvtool.commands.bench.logic import BenchTest, Instance, bench_tests, run_be
 from kvtool.commands.bench.report import Printer, record
 from kvtool.commands.common.values import parse_int_list
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = common.text.console(stderr=True)
 
 
-def _ints(text: list[str], flag: str) -> list[int]:
+def _ints(text: list[str], flag: str, lo: int = 0) -> list[int]:
     try:
-        return [v for t in text for v in parse_int_list(t)]
+        values = [v for t in text for v in parse_int_list(t)]
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint=flag) from e
+    if values and min(values) < lo:  # parse_int_list reads no negative number
+        raise typer.BadParameter(f"must be >= {lo}, got {min(values)}", param_hint=flag)
+    return values
 
 
 def _pairs(values: list[str]) -> list[tuple[int, int]]:
@@ -76,7 +78,9 @@ def bench(
     type_k: Annotated[ListOpt, typer.Option("-ctk", "--cache-type-k", help="f32, f16, bf16.")] = None,
     type_v: Annotated[ListOpt, typer.Option("-ctv", "--cache-type-v", help="f32, f16, bf16.")] = None,
     threads: Annotated[ListOpt, typer.Option("-t", "--threads", help="CPU threads.")] = None,
-    reps: Annotated[int, typer.Option("-r", "--repetitions", help="Runs of each test.")] = 5,
+    reps: Annotated[
+        int, typer.Option("-r", "--repetitions", help="Runs of each test.", callback=common.values.bounds(1))
+    ] = 5,
     kv_unified: common.KvUnifiedOpt = False,
     swa_full: common.SwaFullOpt = False,
     output: Annotated[str, typer.Option("-o", "--output", help="md, csv, json or jsonl.")] = "md",
@@ -93,16 +97,14 @@ def bench(
     for fmt, flag in ((output, "-o"), (output_err, "-oe")):
         if fmt is not None and fmt not in ("md", "csv", "json", "jsonl"):
             raise typer.BadParameter("md, csv, json or jsonl", param_hint=flag)
-    if reps < 1:
-        raise typer.BadParameter("at least 1", param_hint="-r")
     models = [x for m in (model or [kvtool.DEFAULT_MODEL]) for x in m.split(",") if x]
     pp, tg, pg = _ints(n_prompt or ["512"], "-p"), _ints(n_gen or ["128"], "-n"), _pairs(n_pg or [])
     axes = {
-        "n_batch": _ints(n_batch or ["2048"], "-b"),
-        "n_ubatch": _ints(n_ubatch or ["512"], "-ub"),
+        "n_batch": _ints(n_batch or ["2048"], "-b", 1),
+        "n_ubatch": _ints(n_ubatch or ["512"], "-ub", 1),
         "type_k": [t for x in type_k or ["f32"] for t in x.split(",")],
         "type_v": [t for x in type_v or ["f32"] for t in x.split(",")],
-        "n_threads": _ints(threads, "-t") if threads else [kvtool.set_n_threads()],
+        "n_threads": _ints(threads, "-t", 1) if threads else [kvtool.set_n_threads()],
         "n_depth": _ints(n_depth or ["0"], "-d"),
     }
     # like llama-bench, a column appears when its parameter is not at the default
@@ -124,7 +126,7 @@ def bench(
         m = common.load_model_with_status(name, common.progress_console(err, no_progress))
         with Progress(
             SpinnerColumn(),
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             TimeElapsedColumn(),
             console=common.progress_console(err, no_progress),
             transient=True,

@@ -12,15 +12,25 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 import kvtool
+from kvtool.commands.common import text, values
+from kvtool.commands.common.text import plain
 
 ModelOpt = Annotated[
     str,
     typer.Option("-m", "--model", help="A known model name (see `kvtool models`) or a GGUF file path."),
 ]
-CtxOpt = Annotated[int, typer.Option("-c", "--ctx-size", help="Context size (0: the model's).")]
-BatchOpt = Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch size.")]
-UBatchOpt = Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.")]
-ThreadsOpt = Annotated[int | None, typer.Option("-t", "--threads", help="CPU threads.")]
+CtxOpt = Annotated[
+    int, typer.Option("-c", "--ctx-size", help="Context size (0: the model's).", callback=values.bounds(0))
+]
+BatchOpt = Annotated[
+    int, typer.Option("-b", "--batch-size", help="Logical batch size.", callback=values.bounds(1))
+]
+UBatchOpt = Annotated[
+    int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.", callback=values.bounds(1))
+]
+ThreadsOpt = Annotated[
+    int | None, typer.Option("-t", "--threads", help="CPU threads.", callback=values.bounds(1))
+]
 TypeKOpt = Annotated[str, typer.Option("-ctk", "--cache-type-k", help="K cache type: f32, f16, bf16.")]
 TypeVOpt = Annotated[str, typer.Option("-ctv", "--cache-type-v", help="V cache type: f32, f16, bf16.")]
 SwaFullOpt = Annotated[
@@ -34,6 +44,27 @@ KvUnifiedOpt = Annotated[
     ),
 ]
 
+# the sampler's flags, with llama.cpp's meanings; a value without one is a usage error
+TempOpt = Annotated[
+    float, typer.Option("--temp", help="Temperature (0: greedy).", callback=values.bounds(0.0))
+]
+TopKOpt = Annotated[int, typer.Option("--top-k", help="Top-k (0: off).", callback=values.bounds(0))]
+TopPOpt = Annotated[
+    float, typer.Option("--top-p", help="Top-p (1.0: off).", callback=values.bounds(0.0, 1.0))
+]
+MinPOpt = Annotated[
+    float, typer.Option("--min-p", help="Min-p (0.0: off).", callback=values.bounds(0.0, 1.0))
+]
+RepeatPenaltyOpt = Annotated[
+    float, typer.Option("--repeat-penalty", help="1.0: off.", callback=values.bounds(0.0, lo_open=True))
+]
+RepeatLastNOpt = Annotated[
+    int,
+    typer.Option(
+        "--repeat-last-n", help="Tokens the penalty looks at (-1: all).", callback=values.bounds(-1)
+    ),
+]
+
 NoProgressOpt = Annotated[
     bool, typer.Option("--no-progress", help="No progress on stderr (it shows only on a terminal).")
 ]
@@ -42,7 +73,7 @@ NoProgressOpt = Annotated[
 def progress_console(console: Console, no_progress: bool) -> Console:
     """Where spinners and bars go: `console`, or nowhere with --no-progress. rich draws them
     only on a terminal, so a pipe or a file gets none either way."""
-    return Console(stderr=True, quiet=True) if no_progress else console
+    return text.console(stderr=True, quiet=True) if no_progress else console
 
 
 DefragTholOpt = Annotated[
@@ -50,6 +81,7 @@ DefragTholOpt = Annotated[
     typer.Option(
         "--defrag-thold",
         help="Compact a KV stream when its holes exceed this part of its used span (<= 0: never).",
+        callback=values.bounds(hi=1.0, hi_open=True),
     ),
 ]
 DefragOpt = Annotated[
@@ -61,6 +93,7 @@ RsSeqOpt = Annotated[
     typer.Option(
         "--rs-seq",
         help="Recurrent models: states kept per sequence, so a reply can be taken back this many tokens.",
+        callback=values.bounds(0),
     ),
 ]
 
@@ -114,9 +147,9 @@ def make_context(model: kvtool.Model, params: kvtool.ContextParams, notes: Conso
         ctx = kvtool.Context(model, params)
     if notes is not None:
         for w in caught:
-            notes.print(f"[yellow]warning: {w.message}[/]")
+            notes.print(plain(f"warning: {w.message}", "yellow"))
         if params.kv_unified and ctx.memory.kind == "recurrent":
-            notes.print("[yellow]note: --kv-unified: a recurrent model has no KV cache to unify[/]")
+            notes.print(plain("note: --kv-unified: a recurrent model has no KV cache to unify", "yellow"))
     return ctx
 
 
@@ -128,7 +161,7 @@ class FetchBar:
         self.console = console
         self.name = name
         self.t0 = time.perf_counter()
-        self._status = console.status(f"pip download {name}")
+        self._status = console.status(plain(f"pip download {name}"))
         self._bar: Progress | None = None
 
     def __call__(self, stage: str, done: int, total: int) -> None:
@@ -138,7 +171,7 @@ class FetchBar:
         elif stage == "extract":
             if self._bar is None:
                 self._status.stop()
-                columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn())
+                columns = (TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn())
                 self._bar = Progress(*columns, TransferSpeedColumn(), console=self.console)
                 self._bar.start()
                 self._task = self._bar.add_task(f"extracting {self.name}", total=total)
@@ -146,7 +179,7 @@ class FetchBar:
         elif stage == "verified":
             self.close()
             elapsed = time.perf_counter() - self.t0
-            self.console.print(f"{self.name}: {total / 1e6:.1f} MB, sha256 ok, {elapsed:.1f} s")
+            self.console.print(plain(f"{self.name}: {total / 1e6:.1f} MB, sha256 ok, {elapsed:.1f} s"))
 
     def close(self) -> None:
         """Stops the spinner and the bar (also when the fetch failed)."""
@@ -163,5 +196,5 @@ def load_model_with_status(name_or_path: str, console: Console) -> kvtool.Model:
         path = kvtool.resolve_model(name_or_path, progress=bar)
     finally:
         bar.close()
-    with console.status(f"loading {path.name}", spinner="dots"):
+    with console.status(plain(f"loading {path.name}"), spinner="dots"):
         return kvtool.Model(path)

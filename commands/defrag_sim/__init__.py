@@ -14,6 +14,7 @@ import typer
 import kvtool
 from kvtool.commands import app
 from kvtool.commands.common import KvUnifiedOpt
+from kvtool.commands.common.values import bounds
 from kvtool.commands.defrag_sim.names import POLICIES
 
 if TYPE_CHECKING:  # the simulator loads numpy: imported when the verb runs, not for --help
@@ -44,13 +45,23 @@ def defrag_sim(
         Path | None,
         typer.Option("--trace", help="Replay a trace from `kvtool parallel --trace` (JSON lines)."),
     ] = None,
-    clients: Annotated[int, typer.Option("--clients", help="Synthetic: parallel clients (sequences).")] = 32,
-    requests: Annotated[int, typer.Option("--requests", help="Synthetic: requests in total.")] = 1000,
+    clients: Annotated[
+        int,
+        typer.Option(
+            "--clients", help="Synthetic: parallel clients (sequences).", callback=bounds(1, MAX_SEQ)
+        ),
+    ] = 32,
+    requests: Annotated[
+        int, typer.Option("--requests", help="Synthetic: requests in total.", callback=bounds(1))
+    ] = 1000,
     arrival: Annotated[
         str, typer.Option("--arrival", help="Synthetic: closed (a free client starts at once) or poisson.")
     ] = "closed",
     rate: Annotated[
-        float, typer.Option("--rate", help="Synthetic, poisson: requests per decode step.")
+        float,
+        typer.Option(
+            "--rate", help="Synthetic, poisson: requests per decode step.", callback=bounds(0.0, lo_open=True)
+        ),
     ] = 0.5,
     prompt_len: Annotated[
         str,
@@ -62,12 +73,20 @@ def defrag_sim(
         str, typer.Option("--gen-len", help="Synthetic: generated tokens, as --prompt-len.")
     ] = "exp:200",
     n_ctx: Annotated[
-        int | None, typer.Option("-c", "--n-ctx", help="KV cells in all (default: the trace's, else 32768).")
+        int | None,
+        typer.Option(
+            "-c", "--n-ctx", help="KV cells in all (default: the trace's, else 32768).", callback=bounds(1)
+        ),
     ] = None,
     seed: Annotated[int, typer.Option("-s", "--seed", help="Synthetic: the workload's seed.")] = 42,
     ubatch: Annotated[
         int | None,
-        typer.Option("-ub", "--ubatch-size", help="Tokens per ubatch (default: the trace's, else 512)."),
+        typer.Option(
+            "-ub",
+            "--ubatch-size",
+            help="Tokens per ubatch (default: the trace's, else 512).",
+            callback=bounds(1),
+        ),
     ] = None,
     kv_unified: KvUnifiedOpt = False,
     policy: Annotated[
@@ -75,10 +94,18 @@ def defrag_sim(
     ] = None,
     defrag_thold: Annotated[
         float,
-        typer.Option("--defrag-thold", help="threshold: compact when holes exceed this part of the span."),
+        typer.Option(
+            "--defrag-thold",
+            help="threshold: compact when holes exceed this part of the span.",
+            callback=bounds(0.0, 1.0, hi_open=True),
+        ),
     ] = 0.1,
-    max_moves: Annotated[int, typer.Option("--max-moves", help="Block moves per compaction pass.")] = 256,
-    page_size: Annotated[int, typer.Option("--page-size", help="paged: cells per page.")] = 16,
+    max_moves: Annotated[
+        int, typer.Option("--max-moves", help="Block moves per compaction pass.", callback=bounds(1))
+    ] = 256,
+    page_size: Annotated[
+        int, typer.Option("--page-size", help="paged: cells per page.", callback=bounds(1))
+    ] = 16,
     model: Annotated[
         str | None,
         typer.Option(
@@ -89,7 +116,11 @@ def defrag_sim(
     ] = None,
     copy_bw: Annotated[
         float | None,
-        typer.Option("--copy-bw", help="Copy bandwidth in GB/s for move time (default: measured)."),
+        typer.Option(
+            "--copy-bw",
+            help="Copy bandwidth in GB/s for move time (default: measured).",
+            callback=bounds(0.0, lo_open=True),
+        ),
     ] = None,
     replay: Annotated[
         bool,
@@ -107,10 +138,6 @@ def defrag_sim(
     names = list(policy or POLICIES)
     bad = [p for p in names if p not in POLICIES]
     _check(not bad, f"unknown policy {', '.join(bad)} (choose from {', '.join(POLICIES)})", "--policy")
-    _check(0.0 <= defrag_thold < 1.0, "must be in [0, 1)", "--defrag-thold")
-    _check(max_moves >= 1, "must be >= 1", "--max-moves")
-    _check(page_size >= 1, "must be >= 1", "--page-size")
-    _check(copy_bw is None or copy_bw > 0, "must be > 0", "--copy-bw")
     _check(plot is None or plot.suffix.lower() == ".png", "the figure is a .png file", "--plot")
     if plot is not None:  # before the simulation: a figure it cannot write is one line now
         kvtool.check_writable(plot, kvtool.FileKind("a PNG image", rb"\x89PNG", "the figure"))
@@ -161,9 +188,8 @@ def defrag_sim(
 
 
 def _replay(model: str, results: list[SimResult], max_moves: int) -> None:
-    from rich.console import Console
-
     from kvtool.commands.common import load_model_with_status
+    from kvtool.commands.common.text import console
     from kvtool.commands.defrag_sim.replay import MAX_CELLS, replay
 
     hit = next((r for r in results if r.first_compaction is not None), None)
@@ -174,7 +200,7 @@ def _replay(model: str, results: list[SimResult], max_moves: int) -> None:
         raise kvtool.KvtoolError(
             f"--replay: a stream of {cells.size} cells is too large (-c: at most {MAX_CELLS})"
         )
-    m = load_model_with_status(model, Console(stderr=True))
+    m = load_model_with_status(model, console(stderr=True))
     r = replay(m, cells, max_moves)
     same = "equal" if r.bitwise else "DIFFER from"
     print(
@@ -208,11 +234,7 @@ def _workload(
             raise typer.BadParameter(str(e), param_hint="--trace") from None
         _check(w.n_seq <= MAX_SEQ, f"at most {MAX_SEQ} sequences", "--trace")
         return w, n_ctx or int(header["n_ctx"]), ubatch or int(header.get("n_ubatch", 512))
-    _check(1 <= clients <= MAX_SEQ, f"must be in 1..{MAX_SEQ}", "--clients")
-    _check(requests >= 1, "must be >= 1", "--requests")
     _check(arrival in ("closed", "poisson"), "expected closed or poisson", "--arrival")
-    _check(rate > 0, "must be > 0", "--rate")
-    _check(n_ctx is None or n_ctx >= 1, "must be >= 1", "-c")
     n = n_ctx or 32768
     p = SyntheticParams(
         clients,

@@ -121,6 +121,8 @@ def read_trace(path: Path) -> tuple[Workload, dict[str, Any]]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise TraceError(f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:  # a trace is JSON lines kvtool wrote: not text, not a trace
+        raise TraceError(f"{path} is not a trace: byte {e.start} is not UTF-8") from None
     if not lines:
         raise TraceError(f"{path} is empty")
     header = _parse(path, 1, lines[0])

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, TypeAlias
 
 import typer
 from rich import box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -27,8 +27,8 @@ from kvtool.commands.parallel.sim import Client, ParallelParams, ParallelSim, Pa
 if TYPE_CHECKING:
     from kvtool.commands.defrag_sim.trace import TraceRecorder
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+err = common.text.console(stderr=True)
+out = common.text.console()
 
 Sim: TypeAlias = ParallelSim | HttpParallelSim
 
@@ -60,9 +60,7 @@ def _started(c: Client) -> None:
 
 
 def _missed(n_batch: int) -> None:
-    err.print(
-        f"[yellow]parallel: no KV cells for the batch, retrying with n_batch = {n_batch}[/]", soft_wrap=True
-    )
+    err.print(f"parallel: no KV cells for the batch, retrying with n_batch = {n_batch}", style="yellow")
 
 
 def _finished(r: RequestRecord, n_seq: int) -> None:
@@ -108,9 +106,21 @@ _TRACE_KIND = kvtool.FileKind("a kvtool trace", rb'\{"kvtool_trace"', "the trace
 @app.command("parallel")
 def parallel(
     model: common.ModelOpt = kvtool.DEFAULT_MODEL,
-    n_parallel: Annotated[int, typer.Option("-np", "--parallel", help="Simultaneous clients.")] = 1,
-    n_sequences: Annotated[int, typer.Option("-ns", "--sequences", help="Requests in total.")] = 1,
-    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Max tokens per answer.")] = 128,
+    n_parallel: Annotated[
+        int, typer.Option("-np", "--parallel", help="Simultaneous clients.", callback=common.values.bounds(1))
+    ] = 1,
+    n_sequences: Annotated[
+        int, typer.Option("-ns", "--sequences", help="Requests in total.", callback=common.values.bounds(0))
+    ] = 1,
+    n_predict: Annotated[
+        int,
+        typer.Option(
+            "-n",
+            "--n-predict",
+            help="Max tokens per answer (<= 0: no limit).",
+            callback=common.values.bounds(-1),
+        ),
+    ] = 128,
     ctx_size: common.CtxOpt = 4096,
     batch_size: common.BatchOpt = 2048,
     ubatch_size: common.UBatchOpt = 512,
@@ -132,18 +142,31 @@ def parallel(
     pps: Annotated[
         bool, typer.Option("-pps", help="Decode the system prompt once and seq_cp it to every client.")
     ] = False,
-    junk: Annotated[int, typer.Option("--junk", help="Up to N-1 filler turns per prompt.")] = 1,
+    junk: Annotated[
+        int,
+        typer.Option("--junk", help="Up to N-1 filler turns per prompt.", callback=common.values.bounds(0)),
+    ] = 1,
     file: Annotated[Path | None, typer.Option("-f", "--file", help="Questions, one per line.")] = None,
     system_file: Annotated[
         Path | None,
         typer.Option("--system-file", help="The shared system prompt (default: a ~290-token transcript)."),
     ] = None,
     seed: Annotated[int, typer.Option("-s", "--seed", help="Sampler seed (<0: random per client).")] = -1,
-    temp: Annotated[float, typer.Option("--temp", help="Temperature (<= 0: greedy).")] = 0.8,
+    temp: common.TempOpt = 0.8,
     server: Annotated[
-        str | None, typer.Option("--server", help="Send the requests to this OpenAI-compatible URL.")
+        str | None,
+        typer.Option(
+            "--server",
+            help="Send the requests to this OpenAI-compatible URL.",
+            callback=common.text.user_text,
+        ),
     ] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per server request.")] = 600.0,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout", help="Seconds per server request.", callback=common.values.bounds(0.0, lo_open=True)
+        ),
+    ] = 600.0,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No live view on stderr.")] = False,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the summary and every request here.")
@@ -154,17 +177,12 @@ def parallel(
     ] = None,
 ) -> None:
     """Simulate clients sending requests to a server (llama-parallel)."""
-    if n_parallel < 1 or n_sequences < 0:
-        raise typer.BadParameter("need -np >= 1 and -ns >= 0")
     for path, kind in ((json_out, _JSON_KIND), (trace, _TRACE_KIND)):  # before the run, not after it
         if path is not None:
             kvtool.check_writable(path, kind)
     prompts = list(QUESTIONS)
     if file is not None:
-        try:
-            prompts = read_prompts(file.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise typer.BadParameter(str(e), param_hint="-f") from e
+        prompts = read_prompts(common.text.read_text(file, "-f"))
         if not prompts:
             raise typer.BadParameter(f"{file} holds no questions", param_hint="-f")
         out.print(Text(f"questions from {file}:", style="green"))
@@ -172,10 +190,7 @@ def parallel(
             out.print(Text(f"{i:3d} prompt: {q}"))
     system = SYSTEM_PROMPT
     if system_file is not None:
-        try:
-            system = system_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise typer.BadParameter(f"cannot read {system_file}: {e}", param_hint="--system-file") from e
+        system = common.text.read_text(system_file, "--system-file")
     sp = kvtool.SamplerParams(seed=seed, temp=temp)
     params = ParallelParams(
         n_parallel,

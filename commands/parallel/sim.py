@@ -176,7 +176,7 @@ class ParallelSim:
         as long as each live sequence still ends just before its client's `n_past`, or is empty."""
         ctx, p = self.ctx, self.p
         self.t0 = time.perf_counter()
-        if p.shared_system:
+        if p.shared_system and self.system_tokens:  # empty: no system text, no BOS
             kvtool.decode_tokens(ctx, self.system_tokens, 0, 0)
             for c in self.clients:
                 ctx.memory.seq_cp(0, c.kv_seq, -1, -1)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 import kvtool
 from kvtool.commands import app, common
@@ -17,14 +16,17 @@ from kvtool.commands.run.keeper import Keeper, err
 from kvtool.commands.run.loop import COMMANDS, chat, one_shot
 from kvtool.commands.run.perf import Perf
 
-_quiet = Console(stderr=True, quiet=True)  # --no-progress: no spinner while loading
+_quiet = common.text.console(stderr=True, quiet=True)  # --no-progress: no spinner while loading
 
 
 @app.command("run")
 def run(
     model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     prompt: Annotated[
-        str | None, typer.Option("-p", "--prompt", help="One-shot: complete this and exit.")
+        str | None,
+        typer.Option(
+            "-p", "--prompt", help="One-shot: complete this and exit.", callback=common.text.user_text
+        ),
     ] = None,
     file: Annotated[
         Path | None, typer.Option("-f", "--file", help="Read the prompt (-p) from this file.")
@@ -38,20 +40,25 @@ def run(
         ),
     ] = None,
     n_predict: Annotated[
-        int, typer.Option("-n", "--n-predict", help="Tokens to generate (-1: until end).")
+        int,
+        typer.Option(
+            "-n", "--n-predict", help="Tokens to generate (-1: until end).", callback=common.values.bounds(-1)
+        ),
     ] = -1,
     ctx_size: common.CtxOpt = 4096,
     batch_size: common.BatchOpt = 2048,
     ubatch_size: common.UBatchOpt = 512,
     threads: common.ThreadsOpt = None,
-    temp: Annotated[float, typer.Option("--temp", help="Temperature (<= 0: greedy).")] = 0.8,
-    top_k: Annotated[int, typer.Option("--top-k", help="Top-k (<= 0: off).")] = 40,
-    top_p: Annotated[float, typer.Option("--top-p", help="Top-p (1.0: off).")] = 0.95,
-    min_p: Annotated[float, typer.Option("--min-p", help="Min-p (0.0: off).")] = 0.05,
-    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty", help="1.0: off.")] = 1.0,
-    repeat_last_n: Annotated[int, typer.Option("--repeat-last-n", help="Tokens the penalty looks at.")] = 64,
+    temp: common.TempOpt = 0.8,
+    top_k: common.TopKOpt = 40,
+    top_p: common.TopPOpt = 0.95,
+    min_p: common.MinPOpt = 0.05,
+    repeat_penalty: common.RepeatPenaltyOpt = 1.0,
+    repeat_last_n: common.RepeatLastNOpt = 64,
     seed: Annotated[int, typer.Option("-s", "--seed", help="RNG seed (-1: random).")] = -1,
-    system: Annotated[str | None, typer.Option("-sys", "--system", help="System message.")] = None,
+    system: Annotated[
+        str | None, typer.Option("-sys", "--system", help="System message.", callback=common.text.user_text)
+    ] = None,
     no_chat: Annotated[bool, typer.Option("--no-chat", help="Raw completion, no chat template.")] = False,
     ignore_eos: Annotated[
         bool, typer.Option("--ignore-eos", help="Never stop at end-of-generation tokens.")
@@ -64,7 +71,11 @@ def run(
     ] = False,
     keep: Annotated[
         int,
-        typer.Option("--keep", help="Tokens of the prompt a context shift keeps (after the BOS; -1: all)."),
+        typer.Option(
+            "--keep",
+            help="Tokens of the prompt a context shift keeps (after the BOS; -1: all).",
+            callback=common.values.bounds(-1),
+        ),
     ] = 0,
     jinja: Annotated[
         bool, typer.Option("--jinja", help="Render the GGUF's own Jinja chat template.")
@@ -90,21 +101,26 @@ def run(
         Path | None, typer.Option("--store", help="Keep conversations in this SQLite store.")
     ] = None,
     conversation: Annotated[
-        str, typer.Option("--conversation", help="The conversation of --store to open.")
+        str,
+        typer.Option(
+            "--conversation", help="The conversation of --store to open.", callback=common.text.user_text
+        ),
     ] = "default",
     parallel: Annotated[
         int | None,
-        typer.Option("-np", "--parallel", help="Conversations in memory at once (default: 4 with --store)."),
+        typer.Option(
+            "-np",
+            "--parallel",
+            help="Conversations in memory at once (default: 4 with --store).",
+            callback=common.values.bounds(1),
+        ),
     ] = None,
 ) -> None:
     """Chat with a model (interactive, or turns read from a pipe), or complete one prompt (-p)."""
     if file is not None:
         if prompt is not None:
             raise typer.BadParameter("give the prompt with -p or -f, not both", param_hint="-f")
-        try:
-            prompt = file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise typer.BadParameter(f"cannot read {file}: {e}", param_hint="-f") from e
+        prompt = common.text.read_text(file, "-f")
     if conversation_mode is False:  # llama-cli -no-cnv: plain completion of the prompt
         if prompt is None:
             raise typer.BadParameter("needs a prompt (-p TEXT or -f FILE)", param_hint="-no-cnv")
@@ -158,8 +174,9 @@ def run(
     perf = Perf(t_start=t_load_start, t_load=t_load)
     if not no_chat and m.file.get("tokenizer.chat_template", None) is None:
         err.print(
-            f"[yellow]note: {m.path.name} has no chat template (a pretrained model?): "
-            "its replies may ramble; --no-chat completes raw text[/]"
+            f"note: {m.path.name} has no chat template (a pretrained model?): "
+            "its replies may ramble; --no-chat completes raw text",
+            style="yellow",
         )
     show = not no_progress and err.is_terminal
     bar = PromptBar(err) if show else None

@@ -113,6 +113,10 @@ class ChatSession:
         else:
             said = self.cached + self.pending  # raw text continues after the whole reply
             tokens = said + self.ctx.model.tokenize(user_text, add_special=not said, parse_special=False)
+        if not tokens:  # llama.cpp's tools: an empty prompt is a BOS, or nothing to decode
+            if self.use_template:
+                self.messages.pop()
+            raise kvtool.KvtoolError("input is empty: the prompt has no tokens and the model adds no BOS")
         tokens = self._shift_to_fit(tokens)
         t0 = time.perf_counter()
         try:

@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from rich.console import Console
-
 import kvtool
+from kvtool.commands.common.text import console
 from kvtool.commands.run.chat import ChatSession
 from kvtool.commands.run.pool import ConversationPool
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = console(stderr=True)
 
 
 def _note(text: str) -> None:
@@ -39,12 +38,12 @@ class Keeper:
         if self.pool is not None:
             self.session = self.pool.open(name)
             if self.session.messages or self.session.cached:
-                err.print(f"[dim](conversation '{name}': {self._summary()})[/]")
+                err.print(f"(conversation '{name}': {self._summary()})", style="dim")
             return
         self.session = new_session(0)
         if session_file is not None and session_file.exists():
             self.session.load_state(session_file)
-            err.print(f"[dim](resumed {session_file}: {self._summary()})[/]")
+            err.print(f"(resumed {session_file}: {self._summary()})", style="dim")
 
     def _summary(self) -> str:
         return f"{len(self.session.messages)} messages, {len(self.session.cached)} tokens"

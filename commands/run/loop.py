@@ -20,9 +20,11 @@ def _write(text: str) -> None:
 
 def _stop_note(gen: Generation, ctx: kvtool.Context) -> None:
     if gen.stop == "ctx_full":
-        err.print(f"[yellow]context full (n_ctx = {ctx.n_ctx_seq}): the reply stopped; /clear starts over[/]")
+        err.print(
+            f"context full (n_ctx = {ctx.n_ctx_seq}): the reply stopped; /clear starts over", style="yellow"
+        )
     elif gen.stop == "interrupted":
-        err.print("[yellow](interrupted)[/]")
+        err.print("(interrupted)", style="yellow")
 
 
 def one_shot(session: ChatSession, prompt: str, n_predict: int, perf: Perf, bar: PromptBar | None) -> None:
@@ -87,9 +89,9 @@ def _command(keeper: Keeper, text: str, perf: Perf) -> bool:
             err.print(f"  {name:<11} {what}", markup=False)
     elif cmd == "/clear":
         session.clear()
-        err.print("[dim](conversation cleared)[/]")
+        err.print("(conversation cleared)", style="dim")
     elif cmd == "/list":
-        err.print(f"[dim]{keeper.listing()}[/]")
+        err.print(f"{keeper.listing()}", style="dim")
     elif cmd == "/stats":
         for line in perf.lines(session.timings):
             err.print(line, markup=False)
@@ -100,9 +102,9 @@ def _command(keeper: Keeper, text: str, perf: Perf) -> bool:
             note = keeper.save(arg) if cmd == "/save" else keeper.load(arg)
             err.print(f"({note})", markup=False, style="dim")
         except (kvtool.KvtoolError, OSError) as e:  # the chat goes on: nothing was lost
-            err.print(f"[red]error: {e}[/]")
+            err.print(f"error: {e}", style="red")
     else:
-        err.print(f"[red]error: unknown command {cmd} (/help lists them)[/]")
+        err.print(f"error: unknown command {cmd} (/help lists them)", style="red")
     return True
 
 
@@ -115,7 +117,9 @@ def chat(
     first: str | None = None,
 ) -> None:
     if sys.stdin.isatty():
-        err.print("[dim]Chat with the model. /help lists the commands, /exit quits; Ctrl-C stops a reply.[/]")
+        err.print(
+            "Chat with the model. /help lists the commands, /exit quits; Ctrl-C stops a reply.", style="dim"
+        )
 
     def turns():  # type: ignore[no-untyped-def]
         if first is not None:  # -cnv -p: the prompt is the first turn
@@ -142,10 +146,10 @@ def chat(
             try:
                 _, gen = session.respond(text, n_predict, write, bar)
             except kvtool.ContextFullError as e:
-                err.print(f"[yellow]{e}; /clear starts over[/]")
+                err.print(f"{e}; /clear starts over", style="yellow")
                 continue
             except KeyboardInterrupt:  # while the prompt was being decoded: drop the turn
-                err.print("[yellow](interrupted)[/]")
+                err.print("(interrupted)", style="yellow")
                 continue
             finally:
                 if bar is not None:
@@ -154,7 +158,7 @@ def chat(
             _stop_note(gen, session.ctx)
             dn, dt = session.timings.n_gen - n0, session.timings.t_gen - t0  # this reply's share
             ttft = f", first token {perf.ttft * 1e3:.0f} ms" if perf.ttft is not None else ""
-            err.print(f"[dim]{len(gen.tokens)} tokens, {dn / dt if dt > 0 else 0:.1f} t/s{ttft}[/]")
+            err.print(f"{len(gen.tokens)} tokens, {dn / dt if dt > 0 else 0:.1f} t/s{ttft}", style="dim")
             if verbose:
                 for row in perf.lines(session.timings):
                     err.print(row, markup=False, style="dim")

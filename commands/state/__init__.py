@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 import kvtool
@@ -20,7 +19,7 @@ from kvtool.commands.common.progress import PROMPT_CHUNK, PromptBar
 if TYPE_CHECKING:
     import torch
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = common.text.console(stderr=True)
 state_app = typer.Typer(
     help="Save a prompt's KV state, continue generating from it, inspect state files and stores.",
     no_args_is_help=True,
@@ -28,14 +27,22 @@ state_app = typer.Typer(
 app.add_typer(state_app, name="state")
 
 SeqOpt = Annotated[
-    int | None, typer.Option("--seq", help="Save/restore one sequence (a sequence state) instead of all.")
+    int | None,
+    typer.Option(
+        "--seq",
+        help="Save/restore one sequence (a sequence state) instead of all.",
+        callback=common.values.bounds(0),
+    ),
 ]
 
 
 @state_app.command("save")
 def save(
     output: Annotated[Path, typer.Option("-o", "--output", help="State file to write.")],
-    prompt: Annotated[str, typer.Option("-p", "--prompt", help="Text to decode before saving.")],
+    prompt: Annotated[
+        str,
+        typer.Option("-p", "--prompt", help="Text to decode before saving.", callback=common.text.user_text),
+    ],
     model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     seq: SeqOpt = None,
     ctx_size: common.CtxOpt = 4096,
@@ -75,12 +82,23 @@ def save(
 def load(
     input: Annotated[Path, typer.Option("-i", "--input", help="State file to restore.")],
     model: common.ModelOpt = kvtool.DEFAULT_MODEL,
-    prompt: Annotated[str | None, typer.Option("-p", "--prompt", help="More text to decode first.")] = None,
-    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.")] = 32,
-    seq: Annotated[
-        int | None, typer.Option("--seq", help="Sequence to continue (default: the saved one).")
+    prompt: Annotated[
+        str | None,
+        typer.Option("-p", "--prompt", help="More text to decode first.", callback=common.text.user_text),
     ] = None,
-    temp: Annotated[float, typer.Option("--temp", help="Temperature (<= 0: greedy).")] = 0.0,
+    n_predict: Annotated[
+        int,
+        typer.Option(
+            "-n", "--n-predict", help="Tokens to generate (-1: until end).", callback=common.values.bounds(-1)
+        ),
+    ] = 32,
+    seq: Annotated[
+        int | None,
+        typer.Option(
+            "--seq", help="Sequence to continue (default: the saved one).", callback=common.values.bounds(0)
+        ),
+    ] = None,
+    temp: common.TempOpt = 0.0,
     seed: Annotated[
         int, typer.Option("-s", "--seed", help="RNG seed (-1: the saved sampler's, if any).")
     ] = -1,
@@ -144,7 +162,7 @@ def _write(text: str) -> None:
 def inspect(file: Annotated[Path, typer.Argument(help="A state file.")]) -> None:
     """Show a state file's header: model, memory layout, sequences, token counts, sizes."""
     info = kvtool.inspect_state(file)
-    out = Console(highlight=False, soft_wrap=True)
+    out = common.text.console()
     out.print(f"file: {file} ({info.n_bytes:,} bytes, checksum ok)")
     out.print(f"format: kvtool.state version {info.version}, {info.kind} state")
     md = info.model
@@ -208,4 +226,4 @@ def list_store(
         if r.damaged:  # listed, not fatal: the other rows stay readable
             saved = f"damaged ({r.damaged})"
         table.add_row(r.name, r.model, str(r.n_tokens), str(r.n_messages), f"{r.n_bytes:,}", saved)
-    Console(highlight=False).print(table)
+    common.text.console(soft_wrap=False).print(table)

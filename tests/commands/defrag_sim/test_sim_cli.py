@@ -87,7 +87,7 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         (["-o", "xml"], "expected md, csv or json"),
         (["--policy", "best"], "unknown policy best"),
         (["--prompt-len", "zipf:3"], "KIND is one of"),
-        (["--clients", "65"], "must be in 1..64"),
+        (["--clients", "65"], "must be in [1, 64]"),
         (["--defrag-thold", "1.5"], "must be in [0, 1)"),
         (["--page-size", "0"], "must be >= 1"),
         (["--trace", "/nonexistent/t.jsonl"], "cannot read"),

@@ -1,0 +1,60 @@
+"""Text from outside kvtool, in and out: the one place that decodes it and the one place that
+shows it.
+
+In: a prompt from argv, stdin or a file may hold bytes that are not UTF-8. llama.cpp's tokenizer
+reads each such byte as U+FFFD and goes on; so does kvtool (`user_text`, `read_text`,
+`main` reconfigures stdin). Out: a model name, a file name, a conversation name, a message, the
+model's output or a template's text may hold `[/x]`, `[link=...]` or `:smile:`, which a rich
+console would read as markup or emoji (and crash on an unmatched tag). The verbs print on
+`console()`s, which read neither, and label spinners and bars with `plain()`, which rich does
+not parse either. Styles are given with `style=`, never as markup tags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+
+def console(stderr: bool = False, quiet: bool = False, soft_wrap: bool = True) -> Console:
+    """A console on which every string prints as it is: no markup, no emoji codes, no highlighting."""
+    return Console(
+        stderr=stderr, quiet=quiet, soft_wrap=soft_wrap, markup=False, emoji=False, highlight=False
+    )
+
+
+def plain(text: object, style: str = "") -> Text:
+    """`text` as a rich Text, which no console reads as markup (spinner and table labels)."""
+    return Text(str(text), style=style)
+
+
+def user_text(text: str | None) -> str | None:
+    """A text flag as the user gave it (the typer callback of -p, -sys, --conversation...): bytes
+    of argv that are not UTF-8, which Python keeps as lone surrogates, become U+FFFD, as
+    llama.cpp's tokenizer reads them. File paths keep their bytes: they are not text flags."""
+    if text is None:
+        return None
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def reconfigure_std_streams() -> None:
+    """Piped input that is not UTF-8 reads as U+FFFD (chat turns); output never fails on a
+    character the terminal's encoding lacks or on a file name's undecodable bytes."""
+    import sys
+
+    for stream, errors in ((sys.stdin, "replace"), (sys.stdout, "backslashreplace")):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors=errors)
+
+
+def read_text(path: Path, flag: str) -> str:
+    """A text file (a prompt, questions, a system prompt): bytes that are not UTF-8 read as
+    U+FFFD; a file that cannot be read is a usage error naming the flag and the file."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise typer.BadParameter(f"cannot read {path}: {e.strerror or e}", param_hint=flag) from None
+    return data.decode("utf-8", "replace")
