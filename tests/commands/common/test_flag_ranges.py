@@ -18,7 +18,7 @@ from tests.helpers.cli import kvtool_cli
 
 CTX = {"-c": ["-1"], "-b": ["0", "-1"], "-ub": ["0"], "-t": ["0", "-1"]}
 SAMPLER = {
-    "--temp": ["-0.1", "nan", "inf"],
+    "--temp": ["nan", "inf", "-inf"],
     "--top-k": ["-1"],
     "--top-p": ["-0.1", "1.5", "nan"],
     "--min-p": ["2", "-0.5"],
@@ -37,7 +37,7 @@ TABLE: dict[tuple[str, ...], dict[str, list[str]]] = {
         "--rs-seq": ["-1"],
     },
     ("state", "save", "-o", "x.kvs", "-p", "x"): {**CTX, "--seq": ["-1"]},
-    ("state", "load", "-i", "x.kvs"): {**CTX, "-n": ["-2"], "--seq": ["-1"], "--temp": ["-1", "nan"]},
+    ("state", "load", "-i", "x.kvs"): {**CTX, "-n": ["-2"], "--seq": ["-1"], "--temp": ["nan"]},
     ("parallel",): {
         **CTX,
         "-np": ["0"],
