@@ -16,6 +16,7 @@ import torch
 from kvtool.errors import StateError
 from kvtool.memory.base import Commit
 from kvtool.memory.kv_cells import KVCells, seq_bit
+from kvtool.state.container import shown
 from kvtool.state.io import StateReader, StateWriter, type_name
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def _check_layout(cache: KVCache, saved: Any) -> int:
         if saved.get(key) != want[key]:
             raise StateError(
                 f"state does not fit this context: {what} differ "
-                f"(state {saved.get(key)}, context {want[key]})"
+                f"(state {shown(saved.get(key), 60)}, context {want[key]})"
             )
     n = saved.get("n_rows")
     if not isinstance(n, int) or n < 0:
