@@ -574,3 +574,159 @@ def test_state_fuzz_api(sources: list[Source], seed: int) -> None:
     assert not found, "\n".join(f.line() for f in found[:20])
     # a load allocates what the file justifies: a few KiB states, so the peak barely moves
     assert peak_rss_mb() - rss < 512
+
+
+# -- through the CLI: `kvtool state load`, `state inspect`, chat `/load` ----------------------
+
+
+def cli_state_cases(sources: list[Source], seed: int) -> Iterator[tuple[list[str], str, Case]]:
+    """(argv with FILE for the state's path, chat stdin or "", the case) for the CLI."""
+    for case in cases(sources, seed):
+        src = case.source
+        model = str(TINY / f"tiny-{src.arch}.gguf")
+        r = random.Random(len(case.data) ^ seed)
+        verb = r.random()
+        if src.kind == "sequence" and verb < 0.3:
+            argv = ["run", "-m", model, "-c", "128", "-n", "2", "--no-progress", "--no-chat"]
+            yield argv, "/load FILE\nhello\n/exit\n", case
+        elif verb < 0.45:
+            yield ["state", "inspect", "FILE"], "", case
+        else:
+            seq = [] if case.seq is None or r.random() < 0.5 else ["--seq", str(case.seq)]
+            yield ["state", "load", "-m", model, "-i", "FILE", "-n", "2", "-c", "128", *seq], "", case
+
+
+def run_cli(sources: list[Source], seed: int, n: int, worker: Any, folder: Path) -> list[str]:
+    """Runs `n` CLI cases; returns the problems found (one line each)."""
+    from tests.fuzz.test_cli_fuzz import problem
+
+    found = []
+    for i, (argv, stdin, case) in enumerate(cli_state_cases(sources, seed)):
+        if i >= n:
+            break
+        path = folder / f"case{i % 4}.kvs"
+        path.write_bytes(case.data)
+        argv = [str(path) if a == "FILE" else a for a in argv]
+        res = worker.run(argv, stdin.replace("FILE", str(path)), timeout=30.0)
+        p = problem(res)
+        if p is None and stdin and res["rc"] != 0:
+            p = f"a failed /load ended the chat (exit {res['rc']})"
+        if p is not None:
+            found.append(f"{' '.join(argv[:2])} [{case.what}] {case.source.arch} {case.source.kind}: {p}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[Any]:
+    from tests.fuzz.test_cli_fuzz import Worker
+
+    w = Worker()
+    yield w
+    w.close()
+
+
+def test_state_fuzz_cli(sources: list[Source], worker: Any, tmp_path: Path) -> None:
+    found = run_cli([s for s in sources if s.arch in ("llama", "lfm2")], 0, 40, worker, tmp_path)
+    assert not found, "\n".join(found[:20])
+
+
+# -- what the fuzzer found: each a regular test (each failed before its fix) -------------------
+
+
+@pytest.fixture(scope="module")
+def llama() -> kvtool.Model:
+    return kvtool.Model(TINY / "tiny-llama.gguf")
+
+
+@pytest.fixture
+def ctx(llama: kvtool.Model) -> kvtool.Context:
+    return new_context(llama, unified=True)
+
+
+def refused(ctx: kvtool.Context, data: bytes, seq: int | None = None) -> str:
+    """Loads `data`, which must fail with one line and leave the context as it was."""
+    before = snapshot(ctx)
+    with pytest.raises(KvtoolError) as e:
+        ctx.state_set_data(data) if seq is None else ctx.state_seq_set_data(data, seq)
+    assert "\n" not in str(e.value)
+    assert same(before, snapshot(ctx))
+    return str(e.value)
+
+
+def edited(data: bytes, edit: Callable[[dict[str, Any], dict[str, Any]], None]) -> bytes:
+    """The state re-signed after `edit(state, tensors)`."""
+    state, tensors = split(data)
+    edit(state, tensors)
+    return rebuild(state, tensors)
+
+
+def test_deeply_nested_header_is_refused(ctx: kvtool.Context) -> None:
+    head = b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    head += b" " * (-len(head) % 8)
+    assert "unreadable header" in refused(ctx, struct.pack("<Q", len(head)) + head)
+    with pytest.raises(KvtoolError):
+        kvtool.inspect_state(struct.pack("<Q", len(head)) + head)
+
+
+def test_nan_in_header_is_refused(ctx: kvtool.Context) -> None:
+    index, state, body = parse(ctx.state_get_data())
+    text = canonical(state).replace('"n_outputs":1', '"n_outputs":NaN')
+    assert "NaN" in text
+    assert "altered" in refused(ctx, sign(index, text, body))
+
+
+def test_shape_beyond_64_bits_is_refused(ctx: kvtool.Context) -> None:
+    index, state, body = parse(ctx.state_get_data())
+    index["memory.cell"]["shape"] = [2**64]
+    assert "bad tensor entry" in refused(ctx, sign(index, canonical(state), body))
+
+
+def test_shape_whose_size_wraps_in_64_bits_is_refused(ctx: kvtool.Context, llama: kvtool.Model) -> None:
+    """2**57 logits rows of 384 floats: the element count wraps to 0 in int64, so the tensor
+    claimed no bytes and the loader allocated its full shape."""
+    rows = 2**57
+    assert (rows * llama.n_vocab) % 2**64 == 0
+
+    def wrap(state: dict[str, Any], tensors: dict[str, Any]) -> None:
+        state["n_outputs"] = rows
+        tensors["context.logits"] = ("F32", [rows, llama.n_vocab], b"")  # no bytes: 0 elements?
+
+    assert "bad tensor entry" in refused(ctx, edited(ctx.state_get_data(), wrap))
+
+
+def test_token_list_of_another_type_is_refused(ctx: kvtool.Context) -> None:
+    data = edited(ctx.state_get_data(), lambda s, t: s["seqs"][0].update(tokens=5))
+    assert "token ids" in refused(ctx, data)
+    with pytest.raises(KvtoolError):
+        kvtool.inspect_state(data)
+
+
+def test_token_ids_beyond_the_vocabulary_are_refused(ctx: kvtool.Context, llama: kvtool.Model) -> None:
+    data = ctx.state_seq_get_data(0, tokens=[3, 4, 5, 6, 7, llama.n_vocab])
+    assert "vocabulary" in refused(ctx, data, 2)
+
+
+def test_sampler_seed_beyond_the_generator_is_refused(ctx: kvtool.Context) -> None:
+    sampler = kvtool.Sampler(kvtool.SamplerParams(seed=3))
+    data = edited(ctx.state_get_data(sampler=sampler), lambda s, t: s["sampler"].update(seed=2**70))
+    assert "sampler" in refused(ctx, data)
+
+
+def test_sampler_random_state_torch_refuses_is_refused(ctx: kvtool.Context) -> None:
+    sampler = kvtool.Sampler(kvtool.SamplerParams(seed=3))
+
+    def zero_rng(s: dict[str, Any], t: dict[str, Any]) -> None:
+        dtype, shape, raw = t["sampler.rng"]
+        t["sampler.rng"] = (dtype, shape, bytes(len(raw)))  # an all-zero mt19937 state
+
+    data = edited(ctx.state_get_data(sampler=sampler), zero_rng)
+    assert "sampler" in refused(ctx, data)
+    with pytest.raises(KvtoolError):
+        kvtool.inspect_state(data)
+
+
+def test_messages_quote_file_text_on_one_line(ctx: kvtool.Context) -> None:
+    data = edited(ctx.state_get_data(), lambda s, t: s["model"].update(name="evil\nname", arch="x\ny"))
+    assert "evil\\nname" in refused(ctx, data)
+    data = edited(ctx.state_get_data(), lambda s, t: s["memory"].update(kind="k\nv"))
+    assert "k\\nv" in refused(ctx, data)
