@@ -338,12 +338,13 @@ def cli_cases(f: Files, seed: int, only: list[str] | None = None) -> Iterator[Cl
     commands = verbs()
     names = sorted(only or commands)
     llama = sorted(LLAMA_ONLY)
+    weights = [1 + len(commands[v].params) for v in names]  # verbs with more flags get more cases
     while True:
-        verb = rng.choice(names)
+        verb = rng.choices(names, weights)[0]
         cmd = commands[verb]
         opts = [p for p in cmd.params if p.param_type_name == "option" and not SKIP & set(p.opts)]
         argv = [*verb.split(), *baseline(verb, f)]
-        for _ in range(rng.choice([1, 1, 2, 2, 3, 4])):
+        for _ in range(rng.choice([1, 2, 2, 3, 4, 5])):
             r = rng.random()
             if r < 0.06:
                 argv.append(rng.choice(["--nope", "-xyz", "--", "-", "--n-predict=", "---x"]))

@@ -730,3 +730,26 @@ def test_messages_quote_file_text_on_one_line(ctx: kvtool.Context) -> None:
     assert "evil\\nname" in refused(ctx, data)
     data = edited(ctx.state_get_data(), lambda s, t: s["memory"].update(kind="k\nv"))
     assert "k\\nv" in refused(ctx, data)
+
+
+@pytest.mark.parametrize(
+    "memory",
+    [
+        {"kind": "x", "parts": [1]},
+        {"kind": "kv", "swa": 5},
+        {"kind": "kv", "layers": 7},
+        {"kind": "x", "parts": {"a": 5}},
+    ],
+)
+def test_inspect_shows_any_memory_layout(
+    ctx: kvtool.Context, worker: Any, tmp_path: Path, memory: dict[str, Any]
+) -> None:
+    """`state inspect` reads no model: it shows whatever layout a file holds, never crashes on it."""
+    from tests.fuzz.test_cli_fuzz import problem
+
+    path = tmp_path / "s.kvs"
+    path.write_bytes(edited(ctx.state_get_data(), lambda s, t: s.update(memory=memory)))
+    res = worker.run(["state", "inspect", str(path)])
+    assert problem(res) is None and res["rc"] == 0, res
+    assert "memory:" in res["out"]
+    assert refused(ctx, path.read_bytes())
