@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from kvtool.atomic_file import atomic_write
@@ -21,12 +23,21 @@ def write_atomic(path: str | Path, data: bytes) -> int:
 
 
 def read_file(path: str | Path) -> bytes:
-    """The bytes of a state file, or a one-line StateError."""
+    """The bytes of a state file, or a one-line StateError. Only regular files are read: a
+    device (/dev/zero) or a pipe would never end, or end anywhere."""
     try:
-        return Path(path).read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, then is refused
     except FileNotFoundError:
         raise StateError(f"no state file {path}") from None
-    except IsADirectoryError:
-        raise StateError(f"{path} is a directory, not a state file") from None
     except OSError as e:
         raise StateError(f"cannot read {path}: {e.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise StateError(f"{path} is {what}, not a state file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            return f.read()
+        except OSError as e:
+            raise StateError(f"cannot read {path}: {e.strerror}") from None

@@ -753,3 +753,32 @@ def test_inspect_shows_any_memory_layout(
     assert problem(res) is None and res["rc"] == 0, res
     assert "memory:" in res["out"]
     assert refused(ctx, path.read_bytes())
+
+
+def test_a_pipe_or_device_is_not_read_as_a_state(ctx: kvtool.Context, tmp_path: Path) -> None:
+    """A FIFO (or /dev/zero) never ends, or ends anywhere: only regular files are read. Here a
+    FIFO holds a valid state, which was loaded before."""
+    import os
+    import threading
+
+    fifo = tmp_path / "state.fifo"
+    os.mkfifo(fifo)
+    data = ctx.state_get_data()
+
+    def feed() -> None:
+        try:
+            with open(fifo, "wb") as f:
+                f.write(data)
+        except OSError:
+            pass
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    before = snapshot(ctx)
+    with pytest.raises(KvtoolError, match="not a regular file"):
+        ctx.state_load_file(fifo)
+    with pytest.raises(KvtoolError, match="not a regular file"):
+        kvtool.inspect_state(Path("/dev/zero"))
+    assert same(before, snapshot(ctx))
+    os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # lets the writer's open return
+    writer.join(timeout=5)
