@@ -10,6 +10,7 @@ cases tried and each distinct failure (the traceback's last line) with its first
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import time
@@ -37,7 +38,7 @@ def main() -> None:
         p = problem(worker.run(case.argv, case.stdin, args.timeout))
         n += 1
         if p is not None:
-            key = p if "worker died" in p or p.startswith("hang") else p[:200]
+            key = re.sub(r"'[^']*'|\d+", "_", p)[:200]  # one failure, whatever path or number
             count, first = distinct.get(key, (0, case.line()))
             distinct[key] = (count + 1, first)
         print(f"\r{n} cases, {sum(c for c, _ in distinct.values())} failures", end="", file=sys.stderr)

@@ -180,7 +180,14 @@ def problem(res: dict[str, Any]) -> str | None:
     if "Traceback (most recent call last)" in text:
         tail = [ln for ln in text.splitlines() if ln.strip()]
         return f"traceback: {tail[-1][:200] if tail else ''}"
-    if res["rc"] != 0 and not any(ln.startswith("error:") for ln in res["err"].splitlines()):
+    # `parallel --server` reports failed requests as llama-parallel does: a line each, a count
+    # in the summary, exit 1
+    failed_requests = "Failed requests:" in res["out"]
+    if (
+        res["rc"] != 0
+        and not failed_requests
+        and not any(ln.startswith("error:") for ln in res["err"].splitlines())
+    ):
         return f"exit {res['rc']} without an error line: {res['err'].strip()[-200:]!r}"
     return None
 
