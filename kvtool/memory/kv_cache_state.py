@@ -129,6 +129,9 @@ def plan_read(cache: KVCache, r: StateReader, seq: int | None) -> Commit:
     for il, nh, dk, dv in r.layout["layers"]:
         kv[f"k.{il}"] = r.take_torch(f"k.{il}", tk, (n, nh, dk))
         kv[f"v.{il}"] = r.take_torch(f"v.{il}", tv, (n, nh, dv))
+    if not all(bool(t.isfinite().all()) for t in kv.values()):
+        # no decode writes these (a NaN row poisons every later logit of its sequence)
+        raise StateError("corrupted state: K/V rows hold NaN or infinite values")
     n_seq = cache.params.n_seq_max
     seqs = _check_rows(pos, mask, n_seq if seq is None else None)
     if (cell < 0).any():

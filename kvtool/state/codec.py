@@ -151,7 +151,10 @@ def _logits(info: StateInfo, tensors: dict[str, RawTensor], n_vocab: int) -> tup
     out_row = rows.numpy()
     if ((out_row < -1) | (out_row >= n)).any():
         raise StateError("corrupted state: bad output rows")
-    return lg.torch(), out_row
+    logits = lg.torch()
+    if not bool(logits.isfinite().all()):  # a decode never leaves these; a sampler cannot use them
+        raise StateError("corrupted state: the logits hold NaN or infinite values")
+    return logits, out_row
 
 
 def decode(model: Model, memory: Memory, data: bytes | memoryview, seq: int | None) -> Loaded:

@@ -59,8 +59,21 @@ class Source:
     model: kvtool.Model
 
 
-def _params(unified: bool, n_ctx: int = N_CTX, n_seq: int = N_SEQ) -> kvtool.ContextParams:
-    return kvtool.ContextParams(n_ctx=n_ctx, n_batch=64, n_ubatch=64, n_seq_max=n_seq, kv_unified=unified)
+@dataclass(frozen=True)
+class Target:
+    """The context a state is loaded into: like the saver's, or not (another KV mode, fewer
+    sequences, another cache type)."""
+
+    unified: bool
+    n_seq: int = N_SEQ
+    type_kv: str = "f32"
+
+
+def _params(t: Target) -> kvtool.ContextParams:
+    return kvtool.ContextParams(
+        n_ctx=N_CTX, n_batch=64, n_ubatch=64, n_seq_max=t.n_seq, kv_unified=t.unified, type_k=t.type_kv,
+        type_v=t.type_kv,
+    )  # fmt: skip
 
 
 def _fill(ctx: kvtool.Context, seed: int) -> None:
@@ -78,9 +91,13 @@ def _fill(ctx: kvtool.Context, seed: int) -> None:
     kvtool.decode_tokens(ctx, rng.integers(3, n_vocab, 3).tolist(), 2, 0)
 
 
-def new_context(model: kvtool.Model, unified: bool, seed: int = 1) -> kvtool.Context:
-    ctx = kvtool.Context(model, _params(unified))
-    _fill(ctx, seed)
+def new_context(model: kvtool.Model, target: Target, seed: int = 1) -> kvtool.Context:
+    """A context holding sequences 0..2 (or just 0 when it has fewer than 3)."""
+    ctx = kvtool.Context(model, _params(target))
+    if target.n_seq >= N_SEQ:
+        _fill(ctx, seed)
+    else:
+        kvtool.decode_tokens(ctx, np.random.default_rng(seed).integers(3, model.n_vocab, 4).tolist(), 0, 0)
     return ctx
 
 
@@ -89,7 +106,7 @@ def make_sources(archs: list[str] = ARCHS) -> list[Source]:
     for arch in archs:
         model = kvtool.Model(TINY / f"tiny-{arch}.gguf")
         for unified in (True, False):
-            ctx = new_context(model, unified, seed=0)
+            ctx = new_context(model, Target(unified), seed=0)
             toks = {s: list(range(3, 3 + ctx.memory.seq_pos_max(s) + 1)) for s in range(N_SEQ)}
             sampler = kvtool.Sampler(kvtool.SamplerParams(seed=7, temp=0.8))
             for t in (5, 6, 7):
@@ -374,6 +391,7 @@ class Case:
     data: bytes
     what: str
     seq: int | None  # None: whole-context load
+    target: Target
 
 
 def cases(sources: list[Source], seed: int) -> Iterator[Case]:
@@ -405,7 +423,17 @@ def cases(sources: list[Source], seed: int) -> Iterator[Case]:
             seq = rng.choice([-1, N_SEQ, 64, 2**40, 0, 2])
         elif r < 0.08:
             seq = None if seq is not None else 0
-        yield Case(src, data, what, seq)
+        target = Target(src.unified)
+        if rng.random() < 0.2:
+            target = rng.choice(
+                [
+                    Target(not src.unified),
+                    Target(src.unified, 1),
+                    Target(src.unified, 2),
+                    Target(src.unified, N_SEQ, "f16"),
+                ]
+            )
+        yield Case(src, data, what, seq, target)
 
 
 # -- the invariant --------------------------------------------------------------------------
@@ -475,7 +503,8 @@ class Finding:
 
     def line(self) -> str:
         c, src = self.case, self.case.source
-        return f"{src.arch} kvu={int(src.unified)} {src.kind} seq={c.seq} [{c.what}]: {self.problem}"
+        into = f"{c.target.unified:d}/{c.target.n_seq}/{c.target.type_kv}"
+        return f"{src.arch} kvu={src.unified:d} {src.kind} into {into} seq={c.seq} [{c.what}]: {self.problem}"
 
 
 @dataclass
@@ -483,23 +512,23 @@ class Live:
     """One live context per (model, mode), restored from its pristine state after each
     successful load."""
 
-    contexts: dict[tuple[str, bool], tuple[kvtool.Context, bytes]] = field(default_factory=dict)
+    contexts: dict[tuple[str, Target], tuple[kvtool.Context, bytes]] = field(default_factory=dict)
 
-    def get(self, src: Source) -> kvtool.Context:
-        key = (src.arch, src.unified)
+    def get(self, case: Case) -> kvtool.Context:
+        key = (case.source.arch, case.target)
         if key not in self.contexts:
-            ctx = new_context(src.model, src.unified, seed=1)
+            ctx = new_context(case.source.model, case.target, seed=1)
             self.contexts[key] = (ctx, ctx.state_get_data())
         return self.contexts[key][0]
 
-    def reset(self, src: Source) -> None:
-        ctx, pristine = self.contexts[(src.arch, src.unified)]
+    def reset(self, case: Case) -> None:
+        ctx, pristine = self.contexts[(case.source.arch, case.target)]
         ctx.state_set_data(pristine)
 
 
 def check_api(case: Case, live: Live, limit_s: float = 10.0) -> Finding | None:
     """Loads one case through the public API and checks the invariant."""
-    ctx = live.get(case.source)
+    ctx = live.get(case)
     before = snapshot(ctx)
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, limit_s)
@@ -516,7 +545,7 @@ def check_api(case: Case, live: Live, limit_s: float = 10.0) -> Finding | None:
                 return Finding(case, f"refused ({e}) but the context changed")
             return None
         # Loaded: the state was consistent, so the context must go on working.
-        held = [s for s in range(N_SEQ) if ctx.memory.seq_pos_max(s) >= 0]
+        held = [s for s in range(case.target.n_seq) if ctx.memory.seq_pos_max(s) >= 0]
         try:
             info.tokens()
             if held:
@@ -524,7 +553,7 @@ def check_api(case: Case, live: Live, limit_s: float = 10.0) -> Finding | None:
                 kvtool.decode_tokens(ctx, [4], s, ctx.memory.seq_pos_max(s) + 1)
         except KvtoolError:
             pass
-        live.reset(case.source)
+        live.reset(case)
         return None
     except Timeout:
         return Finding(case, "hang (no answer within the time limit)")
@@ -547,9 +576,9 @@ def run_api(
         if f is not None:
             found.append(f)
             try:  # a finding may have left the context in any state
-                live.reset(case.source)
+                live.reset(case)
             except Exception:
-                del live.contexts[(case.source.arch, case.source.unified)]
+                del live.contexts[(case.source.arch, case.target)]
         if on_case is not None:
             on_case(i)
     return found
@@ -640,7 +669,7 @@ def llama() -> kvtool.Model:
 
 @pytest.fixture
 def ctx(llama: kvtool.Model) -> kvtool.Context:
-    return new_context(llama, unified=True)
+    return new_context(llama, Target(unified=True))
 
 
 def refused(ctx: kvtool.Context, data: bytes, seq: int | None = None) -> str:
@@ -782,3 +811,31 @@ def test_a_pipe_or_device_is_not_read_as_a_state(ctx: kvtool.Context, tmp_path: 
     assert same(before, snapshot(ctx))
     os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # lets the writer's open return
     writer.join(timeout=5)
+
+
+def _poison(name: str, value: float) -> Callable[[dict[str, Any], dict[str, Any]], None]:
+    def edit(state: dict[str, Any], tensors: dict[str, Any]) -> None:
+        dtype, shape, raw = tensors[name]
+        a = np.frombuffer(raw, dtype=_NP[dtype]).copy()
+        a[len(a) // 2] = value
+        tensors[name] = (dtype, shape, a.tobytes())
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("arch", "tensor", "value"),
+    [
+        ("llama", "memory.k.1", np.nan),
+        ("gemma3", "memory.swa.v.0", np.inf),
+        ("mamba", "memory.ssm.0", np.nan),
+        ("granitehybrid", "memory.recurrent.conv.0", -np.inf),
+        ("llama", "context.logits", np.nan),
+    ],
+)
+def test_non_finite_values_are_refused(arch: str, tensor: str, value: float) -> None:
+    """No decode leaves NaN or infinity in K/V rows, recurrent states or logits; a state that
+    holds them would poison every later logit (the sampler then has no candidate)."""
+    model = kvtool.Model(TINY / f"tiny-{arch}.gguf")
+    ctx = new_context(model, Target(unified=True))
+    assert "NaN or infinite" in refused(ctx, edited(ctx.state_get_data(), _poison(tensor, value)))
