@@ -121,6 +121,8 @@ def read_trace(path: Path) -> tuple[Workload, dict[str, Any]]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise TraceError(f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: not a kvtool trace (not UTF-8 text)") from None
     if not lines:
         raise TraceError(f"{path} is empty")
     header = _parse(path, 1, lines[0])

@@ -430,3 +430,13 @@ def test_cli_flag_fuzz(files: Files, worker: Worker, seed: int) -> None:
 def test_chat_load_fuzz(files: Files, worker: Worker) -> None:
     found = fuzz(chat_cases(files, 0), 12, worker, timeout=20.0)
     assert not found, "\n".join(f"{c.line()}\n    -> {p}" for c, p in found[:25])
+
+
+# -- what the fuzzer found outside the classes other work fixes: each a regular test -----------
+
+
+def test_a_binary_trace_is_an_error_line(files: Files, worker: Worker) -> None:
+    """defrag-sim --trace on a file that is not UTF-8 text (was a UnicodeDecodeError)."""
+    res = worker.run(["defrag-sim", "--policy", "paged", "--trace", files.binary])
+    assert problem(res) is None and res["rc"] == 2
+    assert "not a kvtool trace" in res["err"]
