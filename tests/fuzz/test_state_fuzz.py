@@ -596,10 +596,10 @@ def sources() -> list[Source]:
     return make_sources()
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0])
 def test_state_fuzz_api(sources: list[Source], seed: int) -> None:
     rss = peak_rss_mb()
-    found = run_api(sources, seed, 200)
+    found = run_api(sources, seed, 250)
     assert not found, "\n".join(f.line() for f in found[:20])
     # a load allocates what the file justifies: a few KiB states, so the peak barely moves
     assert peak_rss_mb() - rss < 512
@@ -655,7 +655,7 @@ def worker() -> Iterator[Any]:
 
 
 def test_state_fuzz_cli(sources: list[Source], worker: Any, tmp_path: Path) -> None:
-    found = run_cli([s for s in sources if s.arch in ("llama", "lfm2")], 0, 40, worker, tmp_path)
+    found = run_cli([s for s in sources if s.arch in ("llama", "lfm2")], 0, 30, worker, tmp_path)
     assert not found, "\n".join(found[:20])
 
 
