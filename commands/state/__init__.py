@@ -185,27 +185,30 @@ def inspect(file: Annotated[Path, typer.Argument(help="A state file.")]) -> None
     if info.sampler is not None:
         out.print(f"sampler: seed {info.sampler['seed']}, {len(info.sampler['history'])} tokens of history")
     chat = (info.app or {}).get("chat")
-    if isinstance(chat, dict):
+    if isinstance(chat, dict) and isinstance(chat.get("messages", []), list):
         out.print(f"chat: {len(chat.get('messages', []))} messages")
 
 
 def _memory_lines(layout: dict, name: str) -> list[str]:  # type: ignore[type-arg]
-    if "parts" in layout:
+    # A layout is whatever the file holds (the checksum proves no origin): shown, not trusted.
+    parts = layout.get("parts")
+    if isinstance(parts, dict):
         lines = [f"{name}: {layout.get('kind')}"]
-        for part, sub in layout["parts"].items():
-            lines += _memory_lines(sub, f"  {part}")
+        for part, sub in parts.items():
+            lines += _memory_lines(sub if isinstance(sub, dict) else {}, f"  {part}")
         return lines
+    layers = layout.get("layers")
+    n_layers = len(layers) if isinstance(layers, list) else "?"
     if layout.get("kind") == "recurrent":
-        return [
-            f"{name}: recurrent, {len(layout.get('layers', []))} layers; {layout.get('n_rows')} states saved"
-        ]
+        return [f"{name}: recurrent, {n_layers} layers; {layout.get('n_rows')} states saved"]
     mode = "unified" if layout.get("unified") else "split"
-    swa = f", window {layout['swa']['n_swa']}" if layout.get("swa") else ""
+    swa = layout.get("swa")
+    window = f", window {swa.get('n_swa')}" if isinstance(swa, dict) else ""
     return [
         f"{name}: {layout.get('kind')} {mode}, {layout.get('n_stream')} stream(s) x "
         f"{layout.get('n_cells')} cells, K {layout.get('type_k')} V {layout.get('type_v')}, "
-        f"{len(layout.get('layers', []))} layers"
-        f"{swa}; {layout.get('n_rows')} cells saved"
+        f"{n_layers} layers"
+        f"{window}; {layout.get('n_rows')} cells saved"
     ]
 
 

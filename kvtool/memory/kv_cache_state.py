@@ -16,6 +16,7 @@ import torch
 from kvtool.errors import StateError
 from kvtool.memory.base import Commit
 from kvtool.memory.kv_cells import KVCells, seq_bit
+from kvtool.state.container import shown
 from kvtool.state.io import StateReader, StateWriter, type_name
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def _check_layout(cache: KVCache, saved: Any) -> int:
         if saved.get(key) != want[key]:
             raise StateError(
                 f"state does not fit this context: {what} differ "
-                f"(state {saved.get(key)}, context {want[key]})"
+                f"(state {shown(saved.get(key), 60)}, context {want[key]})"
             )
     n = saved.get("n_rows")
     if not isinstance(n, int) or n < 0:
@@ -128,6 +129,9 @@ def plan_read(cache: KVCache, r: StateReader, seq: int | None) -> Commit:
     for il, nh, dk, dv in r.layout["layers"]:
         kv[f"k.{il}"] = r.take_torch(f"k.{il}", tk, (n, nh, dk))
         kv[f"v.{il}"] = r.take_torch(f"v.{il}", tv, (n, nh, dv))
+    if not all(bool(t.isfinite().all()) for t in kv.values()):
+        # no decode writes these (a NaN row poisons every later logit of its sequence)
+        raise StateError("corrupted state: K/V rows hold NaN or infinite values")
     n_seq = cache.params.n_seq_max
     seqs = _check_rows(pos, mask, n_seq if seq is None else None)
     if (cell < 0).any():

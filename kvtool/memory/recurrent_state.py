@@ -59,6 +59,8 @@ def read_state(mem: RecurrentMemory, r: StateReader, seq: int | None) -> Commit:
         }
         for name in ("conv", "ssm")
     }
+    if not all(bool(t.isfinite().all()) for ts in states.values() for t in ts.values()):
+        raise StateError("corrupted state: recurrent states hold NaN or infinite values")
     if any(p < 0 for p in pos) or len(set(seqs)) != n:
         raise StateError("corrupted state: bad recurrent positions or sequences")
     if seq is None:

@@ -13,7 +13,7 @@ import torch
 from kvtool.errors import StateError
 from kvtool.state import sampler_state
 from kvtool.state.container import FORMAT, VERSION, Array, RawTensor, read_container, write_container
-from kvtool.state.header import StateInfo, check_model, model_identity, parse_seqs
+from kvtool.state.header import StateInfo, check_model, check_tokens, model_identity, parse_seqs
 from kvtool.state.io import StateReader, StateWriter
 
 if TYPE_CHECKING:
@@ -97,10 +97,20 @@ def _info(state: dict[str, Any], tensors: dict[str, RawTensor], n_bytes: int) ->
     try:
         kind, n_outputs, samp, app = state["kind"], state["n_outputs"], state["sampler"], state["app"]
         memory, model = state["memory"], state["model"]
-        assert kind in ("context", "sequence") and isinstance(n_outputs, int)
-        assert isinstance(memory, dict) and isinstance(model, dict) and (app is None or isinstance(app, dict))
-    except (KeyError, AssertionError):
+    except KeyError:
         raise StateError("corrupted state: bad header fields") from None
+    ok = (
+        kind in ("context", "sequence")
+        and isinstance(n_outputs, int)
+        and not isinstance(n_outputs, bool)
+        and n_outputs >= 0
+        and (kind == "context" or n_outputs == 0)
+        and isinstance(memory, dict)
+        and isinstance(model, dict)
+        and (app is None or isinstance(app, dict))
+    )
+    if not ok:  # not asserts: user input is checked under python -O too
+        raise StateError("corrupted state: bad header fields")
     rng = tensors.get("sampler.rng")
     if samp is not None:
         sampler_state.check(samp, b"" if rng is None else bytes(rng.data))
@@ -141,7 +151,10 @@ def _logits(info: StateInfo, tensors: dict[str, RawTensor], n_vocab: int) -> tup
     out_row = rows.numpy()
     if ((out_row < -1) | (out_row >= n)).any():
         raise StateError("corrupted state: bad output rows")
-    return lg.torch(), out_row
+    logits = lg.torch()
+    if not bool(logits.isfinite().all()):  # a decode never leaves these; a sampler cannot use them
+        raise StateError("corrupted state: the logits hold NaN or infinite values")
+    return logits, out_row
 
 
 def decode(model: Model, memory: Memory, data: bytes | memoryview, seq: int | None) -> Loaded:
@@ -155,6 +168,7 @@ def decode(model: Model, memory: Memory, data: bytes | memoryview, seq: int | No
     if seq is not None and info.kind != "sequence":
         raise StateError("this is a whole-context state: load it without a sequence id")
     check_model(info.model, model)
+    check_tokens(info, model.n_vocab)
     pool = dict(tensors)
     pool.pop("sampler.rng", None)
     logits, out_row = _logits(info, pool, model.n_vocab) if seq is None else (None, None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,6 +51,13 @@ Array = np.ndarray | torch.Tensor
 def canonical(obj: object) -> str:
     """The one JSON spelling of `obj` a state uses."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """A value from a state file as an error message may quote it: one line, ASCII, short (a
+    file may hold any text in any field)."""
+    text = ascii(value)[1:-1] if isinstance(value, str) else ascii(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -122,22 +130,25 @@ def write_container(state: Mapping[str, Any], tensors: Mapping[str, Array]) -> b
 
 
 def _check_index(index: dict[str, Any]) -> int:
-    """Validates the tensor entries (dtype, shape, contiguous offsets); returns the data size."""
+    """Validates the tensor entries (dtype, shape, contiguous offsets); returns the data size.
+    Sizes are exact Python integers: a shape whose product overflows 64 bits is too large, not
+    small."""
     end = 0
     try:
         names = _order({n: e["dtype"] for n, e in index.items()})
         for name in names:
             e = index[name]
-            n_el = int(np.prod(e["shape"], dtype=np.int64)) if e["shape"] else 1
-            if set(e) != {"data_offsets", "dtype", "shape"} or any(
-                not isinstance(d, int) or d < 0 for d in e["shape"]
-            ):
+            if set(e) != {"data_offsets", "dtype", "shape"} or not isinstance(e["shape"], list):
                 raise ValueError(name)
-            if e["data_offsets"] != [end, end + n_el * DTYPES[e["dtype"]][0]]:
+            if any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in e["shape"]):
+                raise ValueError(name)
+            if e["data_offsets"] != [end, end + math.prod(e["shape"]) * DTYPES[e["dtype"]][0]]:
                 raise ValueError(name)
             end = e["data_offsets"][1]
     except (KeyError, TypeError, ValueError) as e:
-        raise StateError(f"corrupted state: bad tensor entry {e}") from None
+        raise StateError(
+            f"corrupted state: bad tensor entry {shown(e.args[0] if e.args else None)}"
+        ) from None
     return end
 
 
@@ -158,7 +169,16 @@ def read_container(data: bytes | memoryview) -> tuple[dict[str, Any], dict[str, 
         state_json, checksum = meta[STATE_KEY], meta[CHECKSUM_KEY]
         state = json.loads(state_json)
         assert isinstance(state, dict) and isinstance(checksum, str)
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError, AssertionError):
+    except (
+        UnicodeDecodeError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        AssertionError,
+        RecursionError,
+    ):
+        # RecursionError: JSON nested deeper than the parser's stack (no state nests so deep)
         raise StateError("not a kvtool state (unreadable header)") from None
     version_check(state)
     size = _check_index(head)
@@ -167,7 +187,11 @@ def read_container(data: bytes | memoryview) -> tuple[dict[str, Any], dict[str, 
         raise StateError(f"truncated state: {len(body)} of {size} data bytes")
     if len(body) > size:
         raise StateError(f"corrupted state: {len(body) - size} bytes after the data")
-    if _header_bytes(head, state_json, checksum, pad=True) != raw or canonical(state) != state_json:
+    try:  # json.loads takes NaN and Infinity, which the canonical form refuses
+        altered = _header_bytes(head, state_json, checksum, pad=True) != raw or canonical(state) != state_json
+    except (ValueError, RecursionError):
+        altered = True
+    if altered:
         raise StateError("corrupted state: the header was altered")
     if _checksum(head, state_json, body) != checksum:
         raise StateError("corrupted state: checksum mismatch")

@@ -39,15 +39,21 @@ def write_atomic(path: str | Path, data: bytes, *, overwrite: bool = False) -> i
 
 
 def read_file(path: str | Path) -> bytes:
-    """The bytes of a state file, or a one-line StateError."""
+    """The bytes of a state file, or a one-line StateError. Only regular files are read: a
+    device (/dev/zero) or a pipe would never end, or end anywhere."""
     try:
-        mode = os.stat(path).st_mode
-        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):  # a FIFO would block the read
-            raise StateError(f"{path} is not a regular file, not a state file")
-        return Path(path).read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, then is refused
     except FileNotFoundError:
         raise StateError(f"no state file {path}") from None
-    except IsADirectoryError:
-        raise StateError(f"{path} is a directory, not a state file") from None
     except OSError as e:
         raise StateError(f"cannot read {path}: {e.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise StateError(f"{path} is {what}, not a state file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            return f.read()
+        except OSError as e:
+            raise StateError(f"cannot read {path}: {e.strerror}") from None

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvtool.errors import StateError
-from kvtool.state.container import canonical
+from kvtool.state.container import canonical, shown
 
 if TYPE_CHECKING:
     from kvtool.model import Model
@@ -70,13 +70,15 @@ def check_model(saved: dict[str, Any], model: Model) -> None:
         mine = model_identity(model)
         same = all(saved[k] == mine[k] for k in ("arch", "fingerprint", "content", "n_vocab"))
         hp = saved["hparams"]
+        if not isinstance(saved, dict) or not isinstance(hp, dict):
+            raise TypeError("model")
         same = same and all(canonical(hp[k]) == canonical(v) for k, v in mine["hparams"].items() if k in hp)
     except (KeyError, TypeError):
         raise StateError("corrupted state: bad model section") from None
     if not same:
         raise StateError(
-            f"state was saved with another model ({saved.get('name')}, {saved.get('arch')}, "
-            f"fingerprint {str(saved.get('fingerprint'))[:12]}), not {model.name} "
+            f"state was saved with another model ({shown(saved.get('name'))}, {shown(saved.get('arch'))}, "
+            f"fingerprint {shown(saved.get('fingerprint'), 12)}), not {model.name} "
             f"({model.arch}, fingerprint {mine['fingerprint'][:12]})"
         )
 
@@ -128,15 +130,37 @@ class StateInfo:
         return True
 
 
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def parse_seqs(raw: object) -> list[SeqInfo]:
-    try:
-        out = [
-            SeqInfo(int(s["seq_id"]), int(s["n_cells"]), int(s["pos_min"]), int(s["pos_max"]), s["tokens"])
-            for s in raw  # type: ignore[attr-defined]
-        ]
-    except (KeyError, TypeError, ValueError):
-        raise StateError("corrupted state: bad sequence list") from None
-    for s in out:
-        if s.tokens is not None and not all(isinstance(t, int) for t in s.tokens):
+    """The header's sequence list, every field checked (ids in 0..63, each once)."""
+    if not isinstance(raw, list):
+        raise StateError("corrupted state: bad sequence list")
+    out = []
+    for s in raw:
+        if not isinstance(s, dict) or set(s) != {"seq_id", "n_cells", "pos_min", "pos_max", "tokens"}:
+            raise StateError("corrupted state: bad sequence list")
+        seq_id, n_cells, p0, p1, tokens = s["seq_id"], s["n_cells"], s["pos_min"], s["pos_max"], s["tokens"]
+        if not all(_is_int(v) for v in (seq_id, n_cells, p0, p1)):
+            raise StateError("corrupted state: bad sequence list")
+        if not 0 <= seq_id < 64 or n_cells < 0 or p0 < -1 or p1 < -1 or p1 >= 2**31:
+            raise StateError("corrupted state: bad sequence list")
+        if tokens is not None and (
+            not isinstance(tokens, list) or not all(_is_int(t) and t >= 0 for t in tokens)
+        ):
             raise StateError("corrupted state: bad token ids")
+        out.append(SeqInfo(seq_id, n_cells, p0, p1, tokens))
+    if len({s.seq_id for s in out}) != len(out):
+        raise StateError("corrupted state: a sequence is listed twice")
     return out
+
+
+def check_tokens(info: StateInfo, n_vocab: int) -> None:
+    """Refuses token ids (saved sequences, sampler history) that the model has no row for."""
+    lists = [s.tokens or [] for s in info.seqs]
+    if info.sampler is not None:
+        lists.append(info.sampler["history"])
+    if any(t >= n_vocab for ts in lists for t in ts):
+        raise StateError(f"corrupted state: a token id is beyond the model's vocabulary ({n_vocab})")

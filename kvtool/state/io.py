@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from kvtool.errors import StateError
-from kvtool.state.container import DTYPES, Array, RawTensor
+from kvtool.state.container import DTYPES, Array, RawTensor, shown
 
 _NAMES = {t: name for name, (_, t) in DTYPES.items()}
 
@@ -67,7 +67,7 @@ class StateReader:
     def expect_kind(self, kind: str) -> None:
         saved = self.layout.get("kind")
         if saved != kind:
-            raise StateError(f"state holds a '{saved}' memory but this context has a '{kind}' memory")
+            raise StateError(f"state holds a '{shown(saved)}' memory but this context has a '{kind}' memory")
 
     def part(self, name: str) -> StateReader:
         parts = self.layout.get("parts")

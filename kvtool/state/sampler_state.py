@@ -25,8 +25,10 @@ def check(head: Any, rng: bytes) -> None:
         and isinstance(head.get("seed"), int)
         and isinstance(head.get("params"), dict)
         and isinstance(head.get("history"), list)
-        and all(isinstance(t, int) for t in head["history"])
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in head["history"])
     )
+    # the seed must be one torch's generator takes (a reset re-seeds it), history token ids >= 0
+    ok = ok and -(2**63) <= head["seed"] < 2**64 and all(t >= 0 for t in head["history"])
     if not ok or len(rng) != len(torch.Generator().get_state()):
         raise StateError("corrupted state: bad sampler section")
     try:  # the generator refuses some states of the right size: find out before any part is applied
