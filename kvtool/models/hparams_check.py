@@ -311,7 +311,9 @@ def check_model(f: GGUFFile, hp: HParams, n_vocab: int) -> None:
         if not f.has_tensor(w.name):
             if w.optional:
                 continue
-            raise ModelLoadError(f"{f.path.name}: missing tensor {w.name}")
+            m = re.match(r"blk\.(\d+)\.", w.name)
+            why = f" ({f.arch}.block_count {hp.n_layer})" if m else ""
+            raise ModelLoadError(f"{f.path.name}: missing tensor {w.name}{why}")
         got = f.tensor_shape(w.name)
         if w.numel is not None:
             n = 1

@@ -37,7 +37,7 @@ CASES = [
     ("llama", {"llama.rope.freq_base": 0.0}, "llama.rope.freq_base = 0.0"),
     ("llama", {"llama.feed_forward_length": 100}, "llama.feed_forward_length 100"),
     ("llama", {"llama.feed_forward_length": ([128, 128], ARR)}, "llama.feed_forward_length = an array of 2"),
-    ("llama", {"llama.attention.key_length": 8}, "llama.attention.key_length 8"),
+    ("llama", {"llama.attention.key_length": 8}, "within the head size 8"),
     ("gemma3", {"gemma3.attention.sliding_window": (-1, I32)}, "gemma3.attention.sliding_window = -1"),
     ("gemma3", {"gemma3.attention.sliding_window_pattern": ([1, 0, 1], ARR)}, "sliding_window_pattern"),
     ("gemma3", {"gemma3.rope.freq_base_swa": (float("inf"), F32)}, "gemma3.rope.freq_base_swa = inf"),
