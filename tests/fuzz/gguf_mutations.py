@@ -128,7 +128,7 @@ def _value_cases(data: bytes, lay: Layout, p: Part, rng: random.Random) -> Itera
     elif p.role == "ttype":
         vals = [v for v in [0, 1, 2, 4, 8, 12, 30, 39, 40, 99, 0xFFFFFFFF] if v != old]
     elif p.fmt in ("<f", "<d"):
-        vals = [v for v in _FLOATS if not v == old]
+        vals = [v for v in _FLOATS if v != old]
     elif p.fmt == "<?":
         vals = [not old]
     elif p.role == "name":
