@@ -40,6 +40,14 @@ _SCALARS: dict[int, str] = {
 }
 _NUMPY: dict[int, np.dtype] = {t: np.dtype(f) for t, f in _SCALARS.items()}
 _MAX_DIMS = 4  # GGML_MAX_DIMS
+_MAX_NAME = 64  # GGML_MAX_NAME: tensor names are shorter
+_MAX_KEY = 256  # keys are short dotted names: a longer or unprintable one is corruption
+
+
+def _q(text: str) -> str:
+    """A name from the file, quoted and cut short for an error message (one line, bounded)."""
+    r = repr(text)
+    return r if len(r) <= 60 else r[:57] + "..."
 
 
 @dataclass(frozen=True)
@@ -151,12 +159,18 @@ class GGUFFile:
         fields: dict[str, Any] = {}
         for _ in range(n_kv):
             key = c.string()
+            if len(key) > _MAX_KEY or not key.isprintable():
+                raise ModelLoadError(f"corrupt key name {_q(key)}")
             if key in fields:
                 raise ModelLoadError(f"duplicate key {key!r}")
             fields[key] = c.value(c.scalar("<I"))
         infos = []
         for _ in range(n_tensors):
             name = c.string()
+            if len(name) >= _MAX_NAME or not name.isprintable():
+                raise ModelLoadError(
+                    f"corrupt tensor name {_q(name)} (at most {_MAX_NAME - 1} printable characters)"
+                )
             n_dims = c.scalar("<I")
             if n_dims > _MAX_DIMS:
                 raise ModelLoadError(f"tensor {name} has {n_dims} dimensions (at most {_MAX_DIMS})")

@@ -33,7 +33,7 @@ class Model:
         arch = self.file.arch
         if arch not in ARCHITECTURES:
             raise ModelLoadError(
-                f"unsupported architecture '{arch}' (supported: {', '.join(sorted(ARCHITECTURES))})"
+                f"unsupported architecture {arch[:40]!r} (supported: {', '.join(sorted(ARCHITECTURES))})"
             )
         self.vocab = Vocab.from_gguf(self.file)
         self.hparams = HParams.from_gguf(self.file, self.vocab.n_vocab)

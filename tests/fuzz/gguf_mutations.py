@@ -9,9 +9,10 @@ arrays), renamed keys (a key goes missing), tensor dims and offsets past the end
 
 from __future__ import annotations
 
+import contextlib
 import random
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,8 +114,22 @@ def _put(buf: bytearray, pos: int, fmt: str, value: object) -> None:
 
 @dataclass(frozen=True)
 class Case:
+    """A mutation, applied on demand (`data()`): enumerating thousands stays cheap."""
+
     name: str
-    data: bytes
+    make: Callable[[], bytes]
+
+    def data(self) -> bytes:
+        return self.make()
+
+
+def _patched(data: bytes, pos: int, fmt: str, value: object) -> Callable[[], bytes]:
+    def make() -> bytes:
+        buf = bytearray(data)
+        _put(buf, pos, fmt, value)
+        return bytes(buf)
+
+    return make
 
 
 def _value_cases(data: bytes, lay: Layout, p: Part, rng: random.Random) -> Iterator[Case]:
@@ -136,9 +151,10 @@ def _value_cases(data: bytes, lay: Layout, p: Part, rng: random.Random) -> Itera
     else:
         vals = _interesting_ints(int(old), p.fmt, lay.size)
     for v in vals:
-        buf = bytearray(data)
-        _put(buf, pos, p.fmt if p.role != "name" else "<B", v)
-        yield Case(f"{p.role} {p.key}[{idx}]@{pos}={v!r}", bytes(buf))
+        yield Case(
+            f"{p.role} {p.key}[{idx}]@{pos}={v!r}",
+            _patched(data, pos, p.fmt if p.role != "name" else "<B", v),
+        )
 
 
 def all_cases(path: Path, rng: random.Random, n_random: int = 0) -> Iterator[Case]:
@@ -147,9 +163,8 @@ def all_cases(path: Path, rng: random.Random, n_random: int = 0) -> Iterator[Cas
     data = path.read_bytes()
     lay = read_layout(path)
     for b in lay.boundaries:
-        yield Case(f"truncate@{b}", data[:b])
-        if b > 0:
-            yield Case(f"truncate@{b - 1}", data[: b - 1])
+        for at in (b, b - 1) if b > 0 else (b,):
+            yield Case(f"truncate@{at}", lambda at=at: data[:at])
     for p in lay.parts:
         yield from _value_cases(data, lay, p, rng)
     for _ in range(n_random):
@@ -159,15 +174,18 @@ def all_cases(path: Path, rng: random.Random, n_random: int = 0) -> Iterator[Cas
 def bit_flips(data: bytes, lay: Layout, rng: random.Random) -> Case:
     """One to eight bit flips, nine in ten in the header (flips in tensor data only change
     weights)."""
-    buf = bytearray(data)
     flips = []
     for _ in range(rng.randint(1, 8)):
         end = lay.data_offset if rng.random() < 0.9 else lay.size
-        pos = rng.randrange(end)
-        bit = rng.randrange(8)
-        buf[pos] ^= 1 << bit
-        flips.append(f"{pos}.{bit}")
-    return Case("flip " + ",".join(flips), bytes(buf))
+        flips.append((rng.randrange(end), rng.randrange(8)))
+
+    def make() -> bytes:
+        buf = bytearray(data)
+        for pos, bit in flips:
+            buf[pos] ^= 1 << bit
+        return bytes(buf)
+
+    return Case("flip " + ",".join(f"{p}.{b}" for p, b in flips), make)
 
 
 def load_and_decode(path: Path) -> str:
@@ -189,3 +207,24 @@ def load_and_decode(path: Path) -> str:
         except kvtool.KvtoolError as e:
             return f"error: {e}"
     return "ok"
+
+
+@contextlib.contextmanager
+def capped_address_space(headroom: int = 3 << 30) -> Iterator[None]:
+    """While inside, allocations that would take the process's address space more than
+    `headroom` bytes past its current size fail (MemoryError, or torch's RuntimeError): a
+    fuzz case that allocates what the file does not justify shows up as a failure instead of
+    swapping the machine. A no-op where the limit cannot be set."""
+    try:
+        import resource
+
+        size = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (size + headroom, hard))
+    except (ImportError, OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
