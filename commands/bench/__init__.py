@@ -146,8 +146,9 @@ def bench(
                 kvtool.set_n_threads(inst.n_threads)  # llama-bench sets each test's threads
                 ctx = _context(m, inst, test, kv_unified, swa_full)
                 r = run_bench_test(ctx, test, reps, rng, not no_warmup, phase, tokens)
+                rec = record(r, inst, m, kv_unified)  # once: every format shows the same test_time
                 for pr in printers:
-                    pr.test(record(r, inst, m, kv_unified), test.name, r.samples_ns, r.samples_ts)
+                    pr.test(rec, test.name, r.samples_ns, r.samples_ts)
                 progress.advance(task)
     for pr in printers:
         pr.footer()
