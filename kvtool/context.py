@@ -14,6 +14,7 @@ from kvtool.errors import KvtoolError
 from kvtool.memory.base import Memory, MemoryContext, MemoryStatus
 from kvtool.memory.defrag import DEFAULT_MAX_MOVES, DefragPolicy
 from kvtool.memory.spec import MemoryParams, pad
+from kvtool.memory_estimate import check_fits, estimate_memory
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -80,19 +81,28 @@ class Context:
                 )
             self.n_ctx_seq = pad(n_ctx // p.n_seq_max)
             self.n_ctx = self.n_ctx_seq * p.n_seq_max
-        self.memory: Memory = model.memory_spec().build(
-            MemoryParams(
-                n_ctx_seq=self.n_ctx_seq,
-                n_seq_max=p.n_seq_max,
-                n_ubatch=self.n_ubatch,
-                kv_unified=p.kv_unified,
-                swa_full=p.swa_full,
-                type_k=_DTYPES[p.type_k],
-                type_v=_DTYPES[p.type_v],
-                n_rs_seq=p.n_rs_seq,
-                defrag=self.defrag,
+        if self.n_ctx_seq > model.n_ctx_train:
+            warnings.warn(
+                f"n_ctx_seq ({self.n_ctx_seq}) > n_ctx_train ({model.n_ctx_train}): "
+                "possible training context overflow",
+                stacklevel=2,
             )
+        mp = MemoryParams(
+            n_ctx_seq=self.n_ctx_seq,
+            n_seq_max=p.n_seq_max,
+            n_ubatch=self.n_ubatch,
+            kv_unified=p.kv_unified,
+            swa_full=p.swa_full,
+            type_k=_DTYPES[p.type_k],
+            type_v=_DTYPES[p.type_v],
+            n_rs_seq=p.n_rs_seq,
+            defrag=self.defrag,
         )
+        spec = model.memory_spec()
+        hp = model.hparams
+        self.memory_estimate = estimate_memory(spec, mp, hp.n_embd, hp.n_ff, hp.n_head, model.n_vocab)
+        check_fits(self.memory_estimate, self.n_ctx, mp.device)  # before allocating any of it
+        self.memory: Memory = spec.build(mp)
         self._logits = torch.empty(0, model.n_vocab)
         self._out_row = np.zeros(0, dtype=np.int64)  # batch index -> logits row (-1: none)
         self.n_decoded = 0  # tokens computed over the context's life (for timings)

@@ -9,6 +9,7 @@ tests check this parser against GGUFReader.
 from __future__ import annotations
 
 import hashlib
+import math
 import mmap
 import struct
 import warnings
@@ -38,6 +39,15 @@ _SCALARS: dict[int, str] = {
     GGUFValueType.FLOAT64: "<d",
 }
 _NUMPY: dict[int, np.dtype] = {t: np.dtype(f) for t, f in _SCALARS.items()}
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+_MAX_NAME = 64  # GGML_MAX_NAME: tensor names are shorter
+_MAX_KEY = 256  # keys are short dotted names: a longer or unprintable one is corruption
+
+
+def _q(text: str) -> str:
+    """A name from the file, quoted and cut short for an error message (one line, bounded)."""
+    r = repr(text)
+    return r if len(r) <= 60 else r[:57] + "..."
 
 
 @dataclass(frozen=True)
@@ -142,26 +152,49 @@ class GGUFFile:
         if version not in (2, 3):
             raise ModelLoadError(f"unsupported GGUF version {version}")
         n_tensors, n_kv = c.scalar("<Q"), c.scalar("<Q")
+        # the smallest key/value takes 13 bytes, the smallest tensor info 24: larger counts are
+        # corrupt, and are refused before anything is read for them
+        if n_kv * 13 + n_tensors * 24 > size - c.pos:
+            raise ModelLoadError(f"{n_kv} keys and {n_tensors} tensors cannot fit in {size} bytes")
         fields: dict[str, Any] = {}
         for _ in range(n_kv):
             key = c.string()
+            if len(key) > _MAX_KEY or not key.isprintable():
+                raise ModelLoadError(f"corrupt key name {_q(key)}")
+            if key in fields:
+                raise ModelLoadError(f"duplicate key {key!r}")
             fields[key] = c.value(c.scalar("<I"))
         infos = []
         for _ in range(n_tensors):
             name = c.string()
+            if len(name) >= _MAX_NAME or not name.isprintable():
+                raise ModelLoadError(
+                    f"corrupt tensor name {_q(name)} (at most {_MAX_NAME - 1} printable characters)"
+                )
             n_dims = c.scalar("<I")
+            if n_dims > _MAX_DIMS:
+                raise ModelLoadError(f"tensor {name} has {n_dims} dimensions (at most {_MAX_DIMS})")
             ne = tuple(int(c.scalar("<Q")) for _ in range(n_dims))
             infos.append((name, ne, c.scalar("<I"), c.scalar("<Q")))
-        align = int(fields.get("general.alignment", 32))
+        align = fields.get("general.alignment", 32)
+        if not isinstance(align, int) or isinstance(align, bool) or align < 1 or align & (align - 1):
+            raise ModelLoadError(f"general.alignment {align!r} is not a power of two")
         data = (c.pos + align - 1) // align * align
         tensors: dict[str, TensorInfo] = {}
         for name, ne, qtype, off in infos:
             try:
                 block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
-            except ValueError:
+            except (ValueError, KeyError):
                 raise ModelLoadError(f"tensor {name} has unknown type id {qtype}") from None
-            n_el = int(np.prod(ne)) if ne else 1
-            n_bytes = n_el // block * type_size
+            if name in tensors:
+                raise ModelLoadError(f"duplicate tensor {name}")
+            if ne and ne[0] % block:
+                raise ModelLoadError(f"tensor {name}: rows of {ne[0]} are not whole blocks of {block}")
+            if off % align:
+                raise ModelLoadError(
+                    f"tensor {name}: offset {off} is not a multiple of the alignment {align}"
+                )
+            n_bytes = math.prod(ne) // block * type_size  # exact: numpy's product would wrap around
             if data + off + n_bytes > size:
                 raise ModelLoadError(f"truncated GGUF (tensor {name} runs past the end)")
             tensors[name] = TensorInfo(name, ne, qtype, data + off, n_bytes)

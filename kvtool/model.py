@@ -15,6 +15,7 @@ from kvtool.memory.base import MemoryContext
 from kvtool.memory.spec import MemorySpec
 from kvtool.models import ARCHITECTURES
 from kvtool.models.hparams import HParams
+from kvtool.models.hparams_check import check_model
 from kvtool.models.linear import check_weights_mode
 from kvtool.vocab import Vocab
 
@@ -32,10 +33,11 @@ class Model:
         arch = self.file.arch
         if arch not in ARCHITECTURES:
             raise ModelLoadError(
-                f"unsupported architecture '{arch}' (supported: {', '.join(sorted(ARCHITECTURES))})"
+                f"unsupported architecture {arch[:40]!r} (supported: {', '.join(sorted(ARCHITECTURES))})"
             )
         self.vocab = Vocab.from_gguf(self.file)
         self.hparams = HParams.from_gguf(self.file, self.vocab.n_vocab)
+        check_model(self.file, self.hparams, self.vocab.n_vocab)  # before any weight is read
         try:
             self.impl = ARCHITECTURES[arch](self.file, self.hparams, weights)
         except KeyError as e:

@@ -114,27 +114,41 @@ class Vocab:
         if model is None:
             raise TokenizerError(f"{f.path.name}: no tokenizer in the GGUF (tokenizer.ggml.model)")
         tokens = f.get(key + "tokens", None)
-        if not tokens:
+        if tokens is None or (isinstance(tokens, list) and not tokens):
             raise TokenizerError(f"{f.path.name}: no token list in the GGUF (tokenizer.ggml.tokens)")
+        # every key is checked for its type (and arrays for their length) before it is used
+        _need(f, key + "model", model, isinstance(model, str), "a string")
+        _need(f, key + "tokens", tokens, isinstance(tokens, list), "an array of strings")
+        n = len(tokens)
         special_ids = {}
         for kind, names in SPECIAL_KEYS.items():
             for name in names:
                 value = f.get(key + name, None)
                 if value is not None:
+                    _need(f, key + name, value, isinstance(value, int | np.integer), "an integer")
                     special_ids[kind] = int(value)
         flags = {}
         for name in ("add_bos_token", "add_eos_token", "add_space_prefix"):
             value = f.get(key + name, None)
             if value is not None:
+                _need(f, key + name, value, isinstance(value, bool | int | np.integer), "a boolean")
                 flags[name] = bool(value)
+        scores, types = f.get(key + "scores", None), f.get(key + "token_type", None)
+        for name, arr, kinds in (("scores", scores, "fiu"), ("token_type", types, "iu")):
+            ok = arr is None or (isinstance(arr, np.ndarray) and arr.dtype.kind in kinds and len(arr) == n)
+            _need(f, key + name, arr, ok, f"an array of {n} numbers (one per token)")
         merges = f.get(key + "merges", None) if model == "gpt2" else None
+        ok = merges is None or (isinstance(merges, list) and all(isinstance(m, str) for m in merges))
+        _need(f, key + "merges", merges, ok, "an array of strings")
+        pre = f.get(key + "pre", "")
+        _need(f, key + "pre", pre, isinstance(pre, str), "a string")
         return cls(
-            str(model),
+            model,
             tokens,
-            scores=f.get(key + "scores", None),
-            token_types=f.get(key + "token_type", None),
+            scores=scores,
+            token_types=types,
             merges=merges,
-            pre=str(f.get(key + "pre", "")),
+            pre=pre,
             special_ids=special_ids,
             flags=flags,
         )
@@ -231,6 +245,13 @@ class Vocab:
     def token_attr(self, token: int) -> Attr:
         """llama.cpp's attribute bits of a token."""
         return Attr(int(self._attrs[token]))
+
+
+def _need(f: GGUFFile, key: str, value: object, ok: bool, what: str) -> None:
+    """A one-line TokenizerError unless `ok`: the key's value is not `what`."""
+    if not ok:
+        shown = f"an array of {len(value)}" if isinstance(value, list | np.ndarray) else repr(value)[:40]
+        raise TokenizerError(f"{f.path.name}: {key} = {shown}: not {what}")
 
 
 def _clean_spaces(data: bytes) -> bytes:

@@ -44,11 +44,20 @@ def _pairs(values: list[str]) -> list[tuple[int, int]]:
 ListOpt = list[str] | None
 
 
-def _phase_updater(progress: Progress, task: TaskID, label: str, reps: int) -> Callable[[str, int], None]:
-    def phase(what: str, rep: int) -> None:
-        progress.update(task, description=f"{label}: {f'run {rep}/{reps}' if what == 'run' else what}")
+def _phase_updater(
+    progress: Progress, task: TaskID, label: str, reps: int
+) -> tuple[Callable[[str, int], None], Callable[[int, int], None]]:
+    """The spinner's text: the test, its phase and, within a long prompt, the tokens done."""
+    now = [label]
 
-    return phase
+    def phase(what: str, rep: int) -> None:
+        now[0] = f"{label}: {f'run {rep}/{reps}' if what == 'run' else what}"
+        progress.update(task, description=now[0])
+
+    def tokens(done: int, total: int) -> None:
+        progress.update(task, description=f"{now[0]} ({done}/{total} prompt tokens)")
+
+    return phase, tokens
 
 
 _DEFAULTS = {"n_batch": [2048], "n_ubatch": [512], "type_k": ["f32"], "type_v": ["f32"]}
@@ -135,13 +144,13 @@ def bench(
             for inst, test in jobs:
                 done += 1
                 label = f"benchmark {done}/{n_jobs}: {test.name}"
-                phase = _phase_updater(progress, task, label, reps)
+                phase, tokens = _phase_updater(progress, task, label, reps)
                 kvtool.set_n_threads(inst.n_threads)  # llama-bench sets each test's threads
-                r = run_bench_test(
-                    _context(m, inst, test, kv_unified, swa_full), test, reps, rng, not no_warmup, phase
-                )
+                ctx = _context(m, inst, test, kv_unified, swa_full)
+                r = run_bench_test(ctx, test, reps, rng, not no_warmup, phase, tokens)
+                rec = record(r, inst, m, kv_unified)  # once: every format shows the same test_time
                 for pr in printers:
-                    pr.test(record(r, inst, m, kv_unified), test.name, r.samples_ns, r.samples_ts)
+                    pr.test(rec, test.name, r.samples_ns, r.samples_ts)
                 progress.advance(task)
     for pr in printers:
         pr.footer()

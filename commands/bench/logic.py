@@ -96,10 +96,26 @@ def bench_tests(
     return tests
 
 
-def run_prompt(ctx: kvtool.Context, n_prompt: int, rng: random.Random) -> None:
-    """Decodes n_prompt random tokens on sequence 0 after its last position, in n_batch chunks."""
+def run_prompt(
+    ctx: kvtool.Context,
+    n_prompt: int,
+    rng: random.Random,
+    on_tokens: Callable[[int, int], None] | None = None,
+) -> None:
+    """Decodes n_prompt random tokens on sequence 0 after its last position, in n_batch chunks
+    (the same decodes as decode_tokens), telling `on_tokens(done, total)` after each."""
     toks = [first_token(ctx.model, rng)] + [rng.randrange(ctx.model.n_vocab) for _ in range(n_prompt - 1)]
-    kvtool.decode_tokens(ctx, toks, 0, ctx.memory.seq_pos_max(0) + 1)
+    pos0 = ctx.memory.seq_pos_max(0) + 1
+    if pos0 + n_prompt > ctx.n_ctx_seq:
+        kvtool.decode_tokens(ctx, toks, 0, pos0)  # raises ContextFullError before decoding
+    for i in range(0, n_prompt, ctx.n_batch):
+        chunk = toks[i : i + ctx.n_batch]
+        last = i + len(chunk) == n_prompt
+        ctx.decode(
+            kvtool.Batch.from_tokens(chunk, seq_id=0, pos0=pos0 + i, logits="last" if last else "none")
+        )
+        if on_tokens is not None:
+            on_tokens(i + len(chunk), n_prompt)
 
 
 def run_gen(ctx: kvtool.Context, n_gen: int, rng: random.Random) -> None:
@@ -155,6 +171,7 @@ def run_bench_test(
     rng: random.Random,
     warmup: bool = True,
     on_phase: Callable[[str, int], None] | None = None,
+    on_tokens: Callable[[int, int], None] | None = None,
 ) -> BenchResult:
     """llama-bench's loop for one test: a warmup, then `reps` timed runs, each on a memory that
     holds only the n_depth prefix. The prefix is decoded once (untimed) and later runs cut the
@@ -163,13 +180,13 @@ def run_bench_test(
     if warmup:
         phase("warmup", 0)
         if test.n_prompt > 0:
-            run_prompt(ctx, test.n_prompt, rng)
+            run_prompt(ctx, test.n_prompt, rng, on_tokens)
         if test.n_gen > 0:
             run_gen(ctx, 1, rng)
     ctx.clear()
     if test.n_depth > 0:
         phase("depth", 0)
-        run_prompt(ctx, test.n_depth, rng)
+        run_prompt(ctx, test.n_depth, rng, on_tokens)
     result = BenchResult(test)
     for rep in range(reps):
         if test.n_depth > 0:
@@ -179,7 +196,7 @@ def run_bench_test(
         phase("run", rep + 1)
         t0 = time.perf_counter_ns()
         if test.n_prompt > 0:
-            run_prompt(ctx, test.n_prompt, rng)
+            run_prompt(ctx, test.n_prompt, rng, on_tokens)
         if test.n_gen > 0:
             run_gen(ctx, test.n_gen, rng)
         result.samples_ns.append(time.perf_counter_ns() - t0)

@@ -19,7 +19,7 @@ from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.kv_cells import SWAParams
 from kvtool.memory.spec import KVSpec
-from kvtool.models.hparams import HParams, SWAHParams
+from kvtool.models.hparams import HParams, SWAHParams, read_float
 from kvtool.models.layers import RopeParams, apply_rope, attend, geglu, rms_norm
 from kvtool.models.linear import Embedding, Linear, LinearGroup, load_linear, output_linear
 
@@ -72,7 +72,7 @@ class Gemma3Model:
         self.hp = hp
         self.swa = SWAHParams.from_gguf(f, hp.n_layer, SWA_PATTERN_DEFAULT)
         # Logits are soft-capped only when the file asks for it (Gemma 3 itself does not).
-        self.final_logit_softcap = float(f.arch_get("final_logit_softcapping", 0.0) or 0.0)
+        self.final_logit_softcap = read_float(f, f"{f.arch}.final_logit_softcapping", 0.0)
         self.tok_embd = Embedding(f, "token_embd.weight", weights)  # [n_vocab, n_embd]
         self.output_norm = f.tensor("output_norm.weight")
         self.output = output_linear(f, weights, self.tok_embd)  # tied embeddings if absent

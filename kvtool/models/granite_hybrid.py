@@ -21,7 +21,7 @@ from kvtool.memory.hybrid import HybridSpec
 from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.recurrent import RecurrentSpec
 from kvtool.memory.spec import KVSpec
-from kvtool.models.hparams import GraniteScales, HParams, SSMHParams
+from kvtool.models.hparams import GraniteScales, HParams, SSMHParams, read_int
 from kvtool.models.layers import RopeParams, apply_rope, attend, rms_norm, swiglu
 from kvtool.models.linear import Linear, LinearGroup, load_linear
 from kvtool.models.mamba2 import Mamba2Layer, Mamba2Mixer
@@ -76,10 +76,7 @@ class GraniteHybridModel:
         self.hp = hp
         self.scales = GraniteScales.from_gguf(f)
         self.ssm = s = SSMHParams.from_gguf(f)
-        if s.d_inner % s.dt_rank or s.dt_rank % s.n_group:
-            raise ModelLoadError(
-                f"{f.path.name}: ssm.inner_size must split into heads, and heads into groups"
-            )
+        s.check_mamba2(f)
         if any(f.has_tensor(f"blk.{il}.ffn_gate_inp.weight") for il in range(hp.n_layer)):
             raise ModelLoadError(f"{f.path.name}: granitehybrid mixture-of-experts layers are not supported")
         self.mamba = Mamba2Mixer(s, hp.eps)
@@ -99,7 +96,7 @@ class GraniteHybridModel:
             )
             for il in range(hp.n_layer)
         ]
-        use_rope = bool(f.arch_get("rope.scaling.finetuned", True))
+        use_rope = bool(read_int(f, f"{f.arch}.rope.scaling.finetuned", True))
         self.rope = (
             RopeParams(n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_freq_scale, neox=False)
             if use_rope

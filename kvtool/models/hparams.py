@@ -1,7 +1,14 @@
-"""Hyper-parameters read from a GGUF's `{arch}.*` keys."""
+"""Hyper-parameters read from a GGUF's `{arch}.*` keys.
+
+Every read is typed and range-checked here: a key of the wrong type, a count that is zero or
+negative, a NaN epsilon or a per-layer array of the wrong length is a one-line ModelLoadError
+naming the key and its value. kvtool/models/hparams_check.py then checks the values against the
+tensors' shapes, so that nothing is left to fail at the first decode.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,15 +16,61 @@ import numpy as np
 from kvtool.errors import ModelLoadError
 from kvtool.gguf_file import GGUFFile
 
+_MISSING = object()
 
-def per_layer(value: object, n_layer: int) -> list[int]:
-    """A key that is either one number or an array with one value per layer."""
+
+def _show(value: object) -> str:
     if isinstance(value, np.ndarray | list):
+        return f"an array of {len(value)}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def bad_key(f: GGUFFile, key: str, value: object, why: str) -> ModelLoadError:
+    """The one-line error for a key whose value is unusable: `file: key = value: why`."""
+    return ModelLoadError(f"{f.path.name}: {key} = {_show(value)}: {why}")
+
+
+def read_int(f: GGUFFile, key: str, default: object = _MISSING, lo: int | None = None) -> int:
+    """An integer key (full name), at least `lo`; a missing key takes `default` (if given)."""
+    value = f.get(key) if default is _MISSING else f.get(key, default)
+    if isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "iub":
+        value = value.reshape(-1)[0]  # a one-element array is a number
+    if not isinstance(value, int | np.integer):  # bool is an int
+        raise bad_key(f, key, value, "not an integer")
+    if lo is not None and value < lo:
+        raise bad_key(f, key, value, f"must be at least {lo}")
+    return int(value)
+
+
+def read_float(f: GGUFFile, key: str, default: object = _MISSING, positive: bool = False) -> float:
+    """A finite real key (full name); `positive`: it must be > 0."""
+    value = f.get(key) if default is _MISSING else f.get(key, default)
+    if not isinstance(value, int | float | np.integer | np.floating):
+        raise bad_key(f, key, value, "not a number")
+    x = float(value)
+    if not math.isfinite(x):
+        raise bad_key(f, key, value, "not finite")
+    if positive and x <= 0:
+        raise bad_key(f, key, value, "must be positive")
+    return x
+
+
+def per_layer(f: GGUFFile, key: str, value: object, n_layer: int, lo: int = 0) -> list[int]:
+    """A key that is either one number or an array with one value per layer (each >= `lo`)."""
+    if isinstance(value, np.ndarray | list):
+        if len(value) != n_layer:
+            raise bad_key(f, key, value, f"a per-layer array needs {n_layer} values (block_count)")
+        if not (isinstance(value, np.ndarray) and value.dtype.kind in "iub"):
+            raise bad_key(f, key, value, "not an array of integers")
         vals = [int(v) for v in value]
-        if len(vals) != n_layer:
-            raise ModelLoadError(f"per-layer array of length {len(vals)} for {n_layer} layers")
-        return vals
-    return [int(value)] * n_layer  # type: ignore[call-overload]
+    elif isinstance(value, int | np.integer):
+        vals = [int(value)] * n_layer
+    else:
+        raise bad_key(f, key, value, "not an integer or an array of integers")
+    if min(vals) < lo:
+        raise bad_key(f, key, min(vals), f"must be at least {lo} in every layer")
+    return vals
 
 
 @dataclass(frozen=True)
@@ -39,31 +92,43 @@ class HParams:
 
     @classmethod
     def from_gguf(cls, f: GGUFFile, n_vocab: int) -> HParams:
-        n_embd = int(f.arch_get("embedding_length"))
-        n_layer = int(f.arch_get("block_count"))
-        n_head = int(f.arch_get("attention.head_count"))
-        n_head_kv = per_layer(f.arch_get("attention.head_count_kv", n_head), n_layer)
-        hd_k = int(f.arch_get("attention.key_length", n_embd // n_head if n_head else 0))  # 0: no attention
-        hd_v = int(f.arch_get("attention.value_length", hd_k))
-        scaling = str(f.arch_get("rope.scaling.type", "none"))
-        factor = float(f.arch_get("rope.scaling.factor", 0.0) or 0.0)
+        a = f.arch + "."
+        n_embd = read_int(f, a + "embedding_length", lo=1)
+        n_layer = read_int(f, a + "block_count", lo=1)
+        # every block has tensors: a larger count is a corrupt file (and must not size the lists below)
+        n_tensors = len(f.tensor_names())
+        if n_layer > n_tensors:
+            raise bad_key(f, a + "block_count", n_layer, f"more blocks than the file's {n_tensors} tensors")
+        n_head = read_int(f, a + "attention.head_count", 0, lo=0)
+        n_head_kv = per_layer(
+            f, a + "attention.head_count_kv", f.get(a + "attention.head_count_kv", n_head), n_layer
+        )
+        hd_k = read_int(
+            f, a + "attention.key_length", n_embd // n_head if n_head else 0, lo=0
+        )  # 0: no attention
+        hd_v = read_int(f, a + "attention.value_length", hd_k, lo=0)
+        scaling = f.get(a + "rope.scaling.type", "none")
+        factor = read_float(f, a + "rope.scaling.factor", 0.0)
         if scaling not in ("none", "linear") and factor not in (0.0, 1.0):
-            raise ModelLoadError(f"unsupported rope scaling '{scaling}'")
+            raise bad_key(f, a + "rope.scaling.type", scaling, "unsupported rope scaling")
+        if factor < 0:
+            raise bad_key(f, a + "rope.scaling.factor", factor, "must not be negative")
         freq_scale = 1.0 / factor if scaling == "linear" and factor > 0 else 1.0
+        n_ff = per_layer(f, a + "feed_forward_length", f.get(a + "feed_forward_length"), n_layer)
         return cls(
             arch=f.arch,
-            n_vocab=int(f.arch_get("vocab_size", n_vocab)),
-            n_ctx_train=int(f.arch_get("context_length", 4096)),
+            n_vocab=read_int(f, a + "vocab_size", n_vocab, lo=1) if f.has(a + "vocab_size") else n_vocab,
+            n_ctx_train=read_int(f, a + "context_length", 4096, lo=1),
             n_embd=n_embd,
             n_layer=n_layer,
-            n_ff=int(np.max(f.arch_get("feed_forward_length"))),
+            n_ff=max(n_ff),
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim_k=hd_k,
             head_dim_v=hd_v,
-            eps=float(f.arch_get("attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_base=float(f.arch_get("rope.freq_base", 10000.0)),
-            n_rot=int(f.arch_get("rope.dimension_count", hd_k)),
+            eps=read_float(f, a + "attention.layer_norm_rms_epsilon", 1e-5, positive=True),
+            rope_base=read_float(f, a + "rope.freq_base", 10000.0, positive=True),
+            n_rot=read_int(f, a + "rope.dimension_count", hd_k, lo=0),
             rope_freq_scale=freq_scale,
         )
 
@@ -96,14 +161,21 @@ class SWAHParams:
         cls, f: GGUFFile, n_layer: int, default_pattern: int, default_rope_base: float = 10000.0
     ) -> SWAHParams | None:
         """None when the file has no (or a zero) `attention.sliding_window`: no layer slides."""
-        n_swa = int(f.arch_get("attention.sliding_window", 0) or 0)
-        if n_swa <= 0:
+        a = f.arch + "."
+        n_swa = read_int(f, a + "attention.sliding_window", 0, lo=0)
+        if n_swa == 0:
             return None
-        pattern = f.arch_get("attention.sliding_window_pattern", default_pattern)
+        key = a + "attention.sliding_window_pattern"
+        pattern = f.get(key, default_pattern)
+        if isinstance(pattern, np.ndarray | list):
+            if not (isinstance(pattern, np.ndarray) and pattern.dtype.kind in "iub"):
+                raise bad_key(f, key, pattern, "not an array of flags")
+        else:
+            pattern = read_int(f, key, default_pattern, lo=0)
         return cls(
             n_swa=n_swa,
             layers=swa_layers_from_pattern(pattern, n_layer),
-            rope_base=float(f.arch_get("rope.freq_base_swa", default_rope_base)),
+            rope_base=read_float(f, a + "rope.freq_base_swa", default_rope_base, positive=True),
         )
 
 
@@ -124,20 +196,55 @@ class SSMHParams:
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> SSMHParams:
-        missing = [k for k in _SSM_KEYS if f.get(f"{f.arch}.{k}", None) is None]
-        if missing:
-            raise ModelLoadError(f"{f.path.name}: missing GGUF key {f.arch}.{missing[0]}")
-        hp = cls(
-            d_conv=int(f.arch_get("ssm.conv_kernel")),
-            d_inner=int(f.arch_get("ssm.inner_size")),
-            d_state=int(f.arch_get("ssm.state_size")),
-            dt_rank=int(f.arch_get("ssm.time_step_rank")),
-            n_group=int(f.arch_get("ssm.group_count", 1) or 1),
-            dt_b_c_rms=bool(f.arch_get("ssm.dt_b_c_rms", False)),
+        a = f.arch + "."
+        d_conv, d_inner, d_state, dt_rank = (read_int(f, a + k, lo=1) for k in _SSM_KEYS)
+        return cls(
+            d_conv=d_conv,
+            d_inner=d_inner,
+            d_state=d_state,
+            dt_rank=dt_rank,
+            n_group=read_int(f, a + "ssm.group_count", 1, lo=0) or 1,
+            dt_b_c_rms=bool(read_int(f, a + "ssm.dt_b_c_rms", False)),
         )
-        if min(hp.d_conv, hp.d_inner, hp.d_state, hp.dt_rank) < 1:
-            raise ModelLoadError(f"{f.path.name}: ssm dimensions must be positive")
-        return hp
+
+    def check_mamba2(self, f: GGUFFile) -> None:
+        """Mamba-2 splits the inner size into heads (time_step_rank) and the heads into groups."""
+        a = f.arch + "."
+        if self.d_inner % self.dt_rank:
+            raise bad_key(
+                f, a + "ssm.time_step_rank", self.dt_rank, f"does not divide ssm.inner_size {self.d_inner}"
+            )
+        if self.dt_rank % self.n_group:
+            raise bad_key(
+                f, a + "ssm.group_count", self.n_group, f"does not divide ssm.time_step_rank {self.dt_rank}"
+            )
+
+
+@dataclass(frozen=True)
+class RWKVHParams:
+    """RWKV-6/7 keys (`{arch}.wkv.head_size`...): heads are n_embd / head_size, norms are
+    layer norms with `attention.layer_norm_epsilon`."""
+
+    head_size: int
+    n_head: int
+    norm_eps: float
+    rescale_every_n_layers: int  # RWKV-6: halve the residual after every n-th layer (0: never)
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile, n_embd: int) -> RWKVHParams:
+        a = f.arch + "."
+        head_size = read_int(f, a + "wkv.head_size", lo=1)
+        if n_embd % head_size:
+            raise bad_key(f, a + "wkv.head_size", head_size, f"does not divide embedding_length {n_embd}")
+        shifts = read_int(f, a + "token_shift_count", 2)
+        if shifts != 2:
+            raise bad_key(f, a + "token_shift_count", shifts, "only 2 is supported, as in llama.cpp")
+        return cls(
+            head_size=head_size,
+            n_head=n_embd // head_size,
+            norm_eps=read_float(f, a + "attention.layer_norm_epsilon", 1e-5, positive=True),
+            rescale_every_n_layers=read_int(f, a + "rescale_every_n_layers", 0, lo=0),
+        )
 
 
 @dataclass(frozen=True)
@@ -153,6 +260,6 @@ class GraniteScales:
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> GraniteScales:
         def get(key: str) -> float:
-            return float(f.arch_get(key, 0.0) or 0.0)
+            return read_float(f, f"{f.arch}.{key}", 0.0)
 
         return cls(get("embedding_scale"), get("residual_scale"), get("logit_scale"), get("attention.scale"))

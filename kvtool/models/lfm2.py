@@ -26,7 +26,7 @@ from kvtool.memory.hybrid import HybridSpec
 from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
 from kvtool.memory.spec import KVSpec
-from kvtool.models.hparams import HParams
+from kvtool.models.hparams import HParams, read_int
 from kvtool.models.layers import RopeParams, apply_rope, attend, rms_norm, swiglu
 from kvtool.models.linear import Linear, LinearGroup, load_linear
 from kvtool.models.mamba_layers import seq_blocks, store
@@ -81,10 +81,8 @@ class Lfm2Model:
     def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
         # The feed-forward linears follow the weights mode; the mixers stay float32.
         self.hp = hp
-        self.l_cache = int(f.arch_get("shortconv.l_cache"))
-        if self.l_cache < 2:
-            raise ModelLoadError(f"{f.path.name}: shortconv.l_cache must be at least 2")
-        if int(f.arch_get("attention.sliding_window", 0) or 0) > 0:
+        self.l_cache = read_int(f, f"{f.arch}.shortconv.l_cache", lo=2)
+        if read_int(f, f"{f.arch}.attention.sliding_window", 0) > 0:
             raise ModelLoadError(f"{f.path.name}: lfm2 with sliding-window attention is not supported")
         self.tok_embd = f.tensor("token_embd.weight")  # [n_vocab, n_embd]
         self.output_norm = f.tensor("token_embd_norm.weight")  # the final norm, despite its name

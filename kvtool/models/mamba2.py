@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from kvtool.batch import UBatch
-from kvtool.errors import ModelLoadError
 from kvtool.gguf_file import GGUFFile
 from kvtool.kernels.ssd import ssd
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
@@ -95,10 +94,7 @@ class Mamba2Model(RecurrentLM):
         super().__init__(f, hp.n_layer, hp.eps)
         self.hp = hp
         self.ssm = s = SSMHParams.from_gguf(f)
-        if s.d_inner % s.dt_rank or s.dt_rank % s.n_group:
-            raise ModelLoadError(
-                f"{f.path.name}: ssm.inner_size must split into heads, and heads into groups"
-            )
+        s.check_mamba2(f)
         self.mixer = Mamba2Mixer(s, hp.eps)
         self.layers = [Mamba2Layer.load(f, il) for il in range(hp.n_layer)]
 

@@ -15,39 +15,12 @@ import torch
 import torch.nn.functional as F
 
 from kvtool.batch import UBatch
-from kvtool.errors import ModelLoadError
 from kvtool.gguf_file import GGUFFile
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec
-from kvtool.models.hparams import HParams
+from kvtool.models.hparams import HParams, RWKVHParams
 
 GROUP_NORM_EPS = 64e-5  # llama.cpp's eps for the per-head norm of the WKV output
-
-
-@dataclass(frozen=True)
-class RWKVHParams:
-    """RWKV-6/7 keys (`{arch}.wkv.head_size`...): heads are n_embd / head_size, norms are
-    layer norms with `attention.layer_norm_epsilon`."""
-
-    head_size: int
-    n_head: int
-    norm_eps: float
-    rescale_every_n_layers: int  # RWKV-6: halve the residual after every n-th layer (0: never)
-
-    @classmethod
-    def from_gguf(cls, f: GGUFFile, n_embd: int) -> RWKVHParams:
-        head_size = int(f.arch_get("wkv.head_size"))
-        if head_size <= 0 or n_embd % head_size:
-            raise ModelLoadError(f"wkv.head_size {head_size} does not divide n_embd {n_embd}")
-        shifts = int(f.arch_get("token_shift_count", 2))
-        if shifts != 2:
-            raise ModelLoadError(f"token_shift_count {shifts} (only 2 is supported, as in llama.cpp)")
-        return cls(
-            head_size=head_size,
-            n_head=n_embd // head_size,
-            norm_eps=float(f.arch_get("attention.layer_norm_epsilon", 1e-5)),
-            rescale_every_n_layers=int(f.arch_get("rescale_every_n_layers", 0)),
-        )
 
 
 def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:

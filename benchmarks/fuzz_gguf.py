@@ -1,0 +1,93 @@
+"""Longer GGUF fuzzing than the CI run (tests/fuzz/test_gguf_fuzz.py): every structured mutation
+of the eight tiny models, then random bit flips, until the time is up.
+
+    .venv/bin/python -m benchmarks.fuzz_gguf --minutes 10 [--seed 0]
+
+Each case is written to a temporary file and loaded (and, when that works, one token decoded);
+a KvtoolError is the expected refusal. Anything else, a case that runs past --case-timeout
+seconds (a hang), or an allocation past the capped address space is a failure: the script
+prints how many cases it tried, how each ended, and every failure with the mutation that made
+it. Exit status 1 when there was a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import random
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from tests.fuzz.gguf_mutations import all_cases, bit_flips, capped_address_space, load_and_decode, read_layout
+
+MODELS = Path(__file__).parent.parent / "tests" / "data" / "tiny" / "models"
+ARCHS = ["llama", "gemma3", "mamba", "mamba2", "rwkv6", "rwkv7", "granitehybrid", "lfm2"]
+
+
+class CaseTimeout(Exception):
+    pass
+
+
+def _alarm(signum: int, frame: object) -> None:
+    raise CaseTimeout
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--case-timeout", type=int, default=60)
+    args = ap.parse_args()
+    # torch and the engine are imported before the address space is capped
+    import kvtool
+    import kvtool.context
+    import kvtool.model  # noqa: F401
+
+    rng = random.Random(args.seed)
+    paths = [MODELS / f"tiny-{a}.gguf" for a in ARCHS]
+    structured = itertools.chain.from_iterable(all_cases(p, rng) for p in paths)
+    layouts = [(p.read_bytes(), read_layout(p)) for p in paths]
+    flips = (bit_flips(*rng.choice(layouts), rng) for _ in itertools.count())
+    outcomes: collections.Counter[str] = collections.Counter()
+    failures: list[str] = []
+    end = time.monotonic() + 60 * args.minutes
+    signal.signal(signal.SIGALRM, _alarm)
+    n = 0
+    with tempfile.TemporaryDirectory() as tmp, capped_address_space():
+        for case in itertools.chain(structured, flips):
+            if time.monotonic() > end:
+                break
+            path = Path(tmp) / f"case{n}.gguf"
+            path.write_bytes(case.data())
+            n += 1
+            signal.alarm(args.case_timeout)
+            try:
+                outcomes["ok" if load_and_decode(path) == "ok" else "KvtoolError"] += 1
+            except CaseTimeout:
+                outcomes["hang"] += 1
+                failures.append(f"{case.name}: no result after {args.case_timeout} s")
+            except Exception as e:
+                outcomes[type(e).__name__] += 1
+                where = traceback.extract_tb(e.__traceback__)[-1]
+                failures.append(
+                    f"{case.name}: {type(e).__name__} at {where.filename}:{where.lineno}: {e}"[:300]
+                )
+            finally:
+                signal.alarm(0)
+            path.unlink()
+    print(
+        f"{n} cases in {args.minutes:g} min (seed {args.seed}): "
+        + ", ".join(f"{k} {v}" for k, v in outcomes.items())
+    )
+    for f in failures:
+        print("FAIL", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

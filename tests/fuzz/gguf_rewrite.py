@@ -1,0 +1,51 @@
+"""Rewrites a GGUF with some keys changed, added or removed (read with gguf.GGUFReader, written
+with gguf.GGUFWriter): the mismatched hyper-parameters of the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+DROP = object()  # as an override value: remove the key
+
+
+def rewrite(src: Path, dst: Path, overrides: dict[str, Any], drop_tensors: tuple[str, ...] = ()) -> Path:
+    """Copy of `src` at `dst` with `overrides` {key: value} or {key: (value, GGUFValueType)}: a
+    bare value keeps the key's type (a new key's type follows the Python value); `DROP` removes
+    the key. Tensors named in `drop_tensors` are left out."""
+    r = GGUFReader(str(src))
+    arch = r.fields["general.architecture"].contents()
+    w = GGUFWriter(str(dst), arch)
+    todo = dict(overrides)
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vtype, sub = field.types[0], field.types[1] if len(field.types) > 1 else None
+        value = field.contents()
+        if key in todo:
+            value = todo.pop(key)
+            if value is DROP:
+                continue
+            if isinstance(value, tuple):
+                value, vtype = value
+                sub = GGUFValueType.INT32 if vtype == GGUFValueType.ARRAY else None
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    for key, value in todo.items():
+        if value is DROP:
+            continue
+        if isinstance(value, tuple):
+            value, vtype = value
+        else:
+            vtype = GGUFValueType.get_type(value)
+        sub = GGUFValueType.INT32 if vtype == GGUFValueType.ARRAY else None
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    for t in r.tensors:
+        if t.name not in drop_tensors:
+            w.add_tensor(t.name, t.data, raw_shape=list(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
