@@ -37,23 +37,25 @@ class RopeParams:
     _table: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list, compare=False, repr=False)
 
     def _cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # in float64 on the CPU whatever the device, so that every device rotates alike
         half = self.n_rot // 2
         inv = self.base ** (-2.0 * torch.arange(half, dtype=torch.float64) / self.n_rot)
         if self.freq_factors is not None:
-            inv = inv / self.freq_factors.double()
-        theta = pos.double()[:, None] * self.freq_scale * inv[None, :]
-        return torch.cos(theta).float(), torch.sin(theta).float()
+            inv = inv / self.freq_factors.cpu().double()
+        theta = pos.cpu().double()[:, None] * self.freq_scale * inv[None, :]
+        return torch.cos(theta).float().to(pos.device), torch.sin(theta).float().to(pos.device)
 
     def cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [n, n_rot/2] for positions (or position deltas) `pos` [n]."""
+        """cos, sin [n, n_rot/2] for positions (or position deltas) `pos` [n], on pos's device."""
         if pos.numel() == 0 or int(pos.min()) < 0:  # negative deltas (seq_add): computed directly
             return self._cos_sin(pos)
         top = int(pos.max())
         if top >= _ROPE_TABLE_MAX:
             return self._cos_sin(pos)
-        if not self._table or top >= self._table[0][0].shape[0]:
-            size = max(256, 1 << top.bit_length())
-            self._table[:] = [self._cos_sin(torch.arange(size))]
+        table = self._table[0] if self._table else None
+        if table is None or top >= table[0].shape[0] or table[0].device != pos.device:
+            size = max(256, 1 << top.bit_length(), 0 if table is None else table[0].shape[0])
+            self._table[:] = [self._cos_sin(torch.arange(size, device=pos.device))]
         cos, sin = self._table[0]
         return cos[pos], sin[pos]
 
