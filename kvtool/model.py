@@ -15,7 +15,7 @@ from kvtool.gguf_file import GGUFFile
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.spec import MemorySpec
 from kvtool.models import ARCHITECTURES
-from kvtool.models.device_file import DeviceFile
+from kvtool.models.device_file import on_device
 from kvtool.models.hparams import HParams
 from kvtool.models.linear import check_weights_mode, weights_for_device
 from kvtool.vocab import Vocab
@@ -45,8 +45,7 @@ class Model:
         self.vocab = Vocab.from_gguf(self.file)
         self.hparams = HParams.from_gguf(self.file, self.vocab.n_vocab)
         try:
-            source = self.file if self.device.type == "cpu" else DeviceFile(self.file, self.device)
-            self.impl = ARCHITECTURES[arch](source, self.hparams, weights)
+            self.impl = ARCHITECTURES[arch](on_device(self.file, self.device), self.hparams, weights)
         except KeyError as e:
             raise ModelLoadError(f"{self.path.name}: missing or malformed {e}") from e
         self.use_chat_template(jinja=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -32,3 +32,9 @@ class DeviceFile:
         except ValueError as e:
             raise ModelLoadError(f"{self._file.path.name}: tensor {name}: {e}") from e
         return out.to(dtype)
+
+
+def on_device(f: GGUFFile, device: torch.device) -> GGUFFile:
+    """`f` as the models read it on `device`: itself on the CPU, else a `DeviceFile` (which
+    the models take for the GGUFFile it forwards to)."""
+    return f if device.type == "cpu" else cast(GGUFFile, DeviceFile(f, device))

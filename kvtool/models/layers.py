@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kvtool.kernels.attention import attention
+from kvtool.kernels.attention import attention, attention_cells
 from kvtool.kernels.store_kv import store_kv
 from kvtool.memory.kv_cache_context import KVView
 from kvtool.models.linear import Linear, LinearGroup
@@ -114,4 +114,7 @@ def attend(view: KVView, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
     qs = q.reshape(n_s, n // n_s, q.shape[1], q.shape[2])  # [n_stream_ub, n / n_stream_ub, n_head, d_k]
     ks = kc[view.streams, : view.n_kv]  # [n_stream_ub, n_kv, n_head_kv, d_k]
     vs = vc[view.streams, : view.n_kv]
+    if view.cells is not None:  # on CUDA: the kernel decides visibility from the cells
+        return attention_cells(qs, ks, vs, view.cells, scale).reshape(n, -1)
+    assert view.mask is not None
     return attention(qs, ks, vs, view.mask, scale).reshape(n, -1)
