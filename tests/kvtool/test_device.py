@@ -15,6 +15,7 @@ from kvtool.kernels import attention as attention_mod
 from kvtool.kernels import store_kv as store_kv_mod
 from kvtool.memory import kv_cache_context
 from kvtool.models.device_file import DeviceFile
+from tests.kvtool import device_engine_checks
 from tests.kvtool.test_oracle_tiny import DATA, SCENARIOS, rel_err, replay, tiny_model
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
@@ -107,3 +108,11 @@ def test_cuda_attention_path_replays_the_oracle(
     got = replay(tiny_model(arch), z, bool(unified))
     assert rel_err(got, z["logits"]) <= 1e-3
     assert scenario in SCENARIOS
+
+
+@pytest.mark.parametrize(
+    "check", [device_engine_checks.check_tiny_scenarios, device_engine_checks.check_seeded_sampling]
+)
+def test_engine_checks_run_on_cpu(check) -> None:  # type: ignore[no-untyped-def]
+    # what test_device_cuda.py runs on a GPU, here CPU against CPU: the checks themselves work
+    check("cpu", quick=True)
