@@ -5,11 +5,18 @@ A model is put on its device once, at load; a context computes on its model's de
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from kvtool.errors import KvtoolError
 
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
+
+
+@functools.cache
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()  # asked once per process, when a device is first resolved
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -22,7 +29,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if d.type not in DEVICES:
         raise KvtoolError(f"unknown device '{device}' (one of: {', '.join(DEVICES)})")
     if d.type == "cuda":
-        if not torch.cuda.is_available():
+        if not _cuda_available():
             built = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
             raise KvtoolError(f"device '{d}': torch {torch.__version__} ({built}) sees no CUDA GPU")
         if d.index is not None and d.index >= torch.cuda.device_count():
