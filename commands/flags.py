@@ -12,17 +12,15 @@ from typing import Any
 
 from kvtool import KvtoolError
 
-_NO_OFFLOAD = "kvtool computes on the CPU with torch: nothing to offload (-t sets the threads)"
-_ONE_DEVICE = "kvtool computes on one device, the CPU (see `kvtool --version`)"
+_NO_OFFLOAD = "the KV cache lives on the model's device (--device cpu|cuda, or -ngl N)"
+_ONE_DEVICE = "kvtool computes on one device, chosen with --device cpu|cuda (or -ngl N); it does not split"
 
 # llama.cpp flags kvtool has no counterpart for, each spelling -> what kvtool offers instead
 LLAMA_ONLY: dict[str, str] = {}
 for _names, _offer in [
-    (("-ngl", "--gpu-layers", "--n-gpu-layers"), _NO_OFFLOAD),
     (("-nkvo", "--no-kv-offload"), _NO_OFFLOAD),
     (("-fa", "--flash-attn"), "kvtool chooses its attention kernel itself; there is no switch"),
     (("-sm", "--split-mode", "-ts", "--tensor-split", "-mg", "--main-gpu"), _ONE_DEVICE),
-    (("-dev", "--device"), _ONE_DEVICE),
     (("--mlock", "--no-mmap"), "kvtool reads the GGUF itself; there is no mmap or mlock switch"),
     (
         ("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file"),

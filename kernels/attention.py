@@ -1,8 +1,10 @@
 """Attention over the per-stream KV layout `[n_stream, n_kv, n_kv_heads, head_dim]`.
 
-The mask carries everything that decides visibility (causality, sequence membership in a
-shared stream, sliding windows, empty cells), as llama.cpp's KQ mask does: 0 where a query
-sees a key, -inf where it does not.
+Visibility (causality, sequence membership in a shared stream, sliding windows, empty cells)
+comes either as a dense mask, as llama.cpp's KQ mask: 0 where a query sees a key, -inf where it
+does not; or as the cell metadata it is built from (`Cells`, kernels/visibility.py), which the
+Triton kernel evaluates per tile: no n_q x n_kv mask is built or read, and tiles no query sees
+are skipped before their keys are loaded.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from ._triton import jit, tl, triton, use_triton
+from .attention_split import _NOMINAL_SMS, _attention_reduce_kernel, _n_split, _rows, _store_out
+from .visibility import SWA_KINDS, Cells, _visible, visibility_mask
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _LOG2E = 1.0 / math.log(2.0)
@@ -56,30 +60,13 @@ def _dot(a, b, F16: tl.constexpr):
 
 
 @jit
-def _rows(pid_rows, pid_sh, n_q, n_head_kv, group, BLOCK_M: tl.constexpr):
-    # A program owns one (stream, kv head) and BLOCK_M rows of (query, head in the group):
-    # row r is query r // group with head hkv * group + r % group. Packing the group's heads
-    # into rows reads each K/V tile once for all of them and fills the tile at decode.
-    s = (pid_sh // n_head_kv).to(tl.int64)
-    hkv = pid_sh % n_head_kv
-    rows = pid_rows * BLOCK_M + tl.arange(0, BLOCK_M)  # [M]
-    qi = rows // group
-    return s, hkv, rows, qi, hkv * group + rows % group, qi < n_q
-
-
-@jit
-def _store_out(o_ptr, s, qi, head, so_s, so_m, so_h, acc, l_i, row_ok, offs_dv, dv_ok):
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a row that saw no key stays 0
-    o_ptrs = o_ptr + s * so_s + qi[:, None] * so_m + head[:, None] * so_h + offs_dv[None, :]
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
-
-
-@jit
 def _attention_kernel(
     q_ptr,  # [S, n_q, H, D]
     k_ptr,  # [S, n_kv, Hkv, D]
     v_ptr,  # [S, n_kv, Hkv, Dv]
-    mask_ptr,  # [S, n_q, n_kv]
+    mask_ptr,  # [S, n_q, n_kv] (not read with CELLS)
+    cpos_ptr, cseq_ptr,  # [S, n_kv] int64 contiguous: cell positions and sequence bits (CELLS)
+    qpos_ptr, qseq_ptr,  # [S, n_q] int64 contiguous: query positions and sequences (CELLS)
     o_ptr,  # [S, n_q, H, Dv]
     m_ptr, l_ptr,  # [n_split, S * Hkv, n_q * group] fp32: each split's running max and sum
     acc_ptr,  # [n_split, S * Hkv, n_q * group, Dv] fp32: each split's unnormalized output
@@ -90,9 +77,13 @@ def _attention_kernel(
     so_s, so_m, so_h,
     n_q, n_kv, n_head_kv, group, head_dim, head_dim_v,
     kv_per_split,  # keys per program along grid axis 2, a multiple of BLOCK_N
+    n_swa,  # the sliding window (CELLS with SWA > 0)
     qk_scale,  # scale * log2(e): the softmax runs in base 2
     F16: tl.constexpr,  # all of q, k, v are fp16: dot in fp16; otherwise in fp32
     SPLIT: tl.constexpr,  # write the partials for _attention_reduce_kernel instead of o
+    CELLS: tl.constexpr,  # visibility from cell metadata (else from the mask)
+    SWA: tl.constexpr,  # the sliding-window kind, an index in SWA_KINDS (CELLS)
+    CAUSAL: tl.constexpr,  # no key after the query's position (CELLS)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -110,6 +101,9 @@ def _attention_kernel(
     k_base = k_ptr + s * sk_s + hkv * sk_h
     v_base = v_ptr + s * sv_s + hkv * sv_h
     m_base = mask_ptr + s * sm_s + qi[:, None] * sm_m
+    if CELLS:
+        qp = tl.load(qpos_ptr + s * n_q + qi, mask=row_ok, other=0)[:, None]  # [M, 1]
+        qs = tl.load(qseq_ptr + s * n_q + qi, mask=row_ok, other=0)[:, None]
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (base 2)
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2
@@ -119,11 +113,17 @@ def _attention_kernel(
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)  # [N]
         n_ok = offs_n < hi
-        bias_ptrs = m_base + offs_n[None, :] * sm_n
-        bias = tl.load(bias_ptrs, mask=row_ok[:, None] & n_ok[None, :], other=float("-inf"))
-        bias = bias.to(tl.float32)  # [M, N]
-        # Tiles the mask hides entirely (causal future, other sequences, outside a window)
-        # cost only the mask read.
+        if CELLS:
+            cp = tl.load(cpos_ptr + s * n_kv + offs_n, mask=n_ok, other=-1)[None, :]  # [1, N]
+            cs = tl.load(cseq_ptr + s * n_kv + offs_n, mask=n_ok, other=0)[None, :]
+            seen = _visible(cp, cs, qp, qs, n_swa, SWA, CAUSAL) & row_ok[:, None]  # [M, N]
+            bias = tl.where(seen, 0.0, float("-inf"))
+        else:
+            bias_ptrs = m_base + offs_n[None, :] * sm_n
+            bias = tl.load(bias_ptrs, mask=row_ok[:, None] & n_ok[None, :], other=float("-inf"))
+            bias = bias.to(tl.float32)  # [M, N]
+        # Tiles no query sees (causal future, other sequences, outside a window) cost only
+        # the metadata (or mask) read: their keys and values are never loaded.
         if tl.max(tl.max(bias, axis=1), axis=0) > float("-inf"):
             kt_ptrs = k_base + offs_n[None, :] * sk_n + offs_d[:, None]
             kt = tl.load(kt_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # [D, N]
@@ -147,53 +147,6 @@ def _attention_kernel(
         _store_out(o_ptr, s, qi, head, so_s, so_m, so_h, acc, l_i, row_ok, offs_dv, dv_ok)
 
 
-@jit
-def _attention_reduce_kernel(
-    m_ptr, l_ptr, acc_ptr,  # the partials of _attention_kernel's splits
-    o_ptr,  # [S, n_q, H, Dv]
-    so_s, so_m, so_h,
-    n_q, n_head_kv, group, head_dim_v, n_split,
-    BLOCK_M: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-):  # fmt: skip
-    # Merges the splits of one (stream, kv head) and BLOCK_M rows as the kernel merges tiles:
-    # rescale what was summed so far and the split to their common max.
-    pid_sh = tl.program_id(1)
-    s, _hkv, rows, qi, head, row_ok = _rows(tl.program_id(0), pid_sh, n_q, n_head_kv, group, BLOCK_M)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    dv_ok = offs_dv < head_dim_v
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    for split in range(0, n_split):
-        part = (split * tl.num_programs(1) + pid_sh).to(tl.int64) * n_q * group + rows
-        m_j = tl.load(m_ptr + part, mask=row_ok, other=float("-inf"))
-        l_j = tl.load(l_ptr + part, mask=row_ok, other=0.0)
-        acc_ptrs = acc_ptr + part[:, None] * head_dim_v + offs_dv[None, :]
-        acc_j = tl.load(acc_ptrs, mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
-        m_new = tl.maximum(m_i, m_j)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no split saw a key yet
-        alpha = tl.math.exp2(m_i - m_safe)
-        beta = tl.math.exp2(m_j - m_safe)
-        l_i = l_i * alpha + l_j * beta
-        acc = acc * alpha[:, None] + acc_j * beta[:, None]
-        m_i = m_new
-    _store_out(o_ptr, s, qi, head, so_s, so_m, so_h, acc, l_i, row_ok, offs_dv, dv_ok)
-
-
-# Split-KV (flash-decoding) policy: when one row block per (stream, KV head) leaves the GPU
-# idle, split the keys so that every SM gets about two programs, but keep each split at least
-# _SPLIT_MIN_KV keys long, below which its partials and the reduction outweigh the gain.
-_SPLIT_MIN_KV = 256
-_NOMINAL_SMS = 132  # an H100's, for CPU tensors: the interpreter takes a GPU's decisions
-
-
-def _n_split(n_row_blocks: int, n_stream_heads: int, n_kv: int, n_sm: int) -> int:
-    if n_row_blocks > 1:  # prompts: their rows fill the grid
-        return 1
-    return max(1, min(n_kv // _SPLIT_MIN_KV, triton.cdiv(2 * n_sm, n_stream_heads)))
-
-
 def attention_triton(
     q: torch.Tensor,  # [n_stream, n_q, n_head, head_dim]
     k: torch.Tensor,  # [n_stream, n_kv, n_head_kv, head_dim]
@@ -212,17 +165,51 @@ def attention_triton(
     `n_split` caps how many programs share the keys of one row block (1: none; by default a
     decode with few streams splits a long cache, flash-decoding, then merges the splits).
     """
+    assert mask.shape == (q.shape[0], q.shape[1], k.shape[1]), (mask.shape, q.shape, k.shape)
+    assert mask.is_floating_point() and mask.device == q.device
+    return _launch(q, k, v, mask, None, scale, block_m, block_n, n_split)
+
+
+def attention_cells_triton(
+    q: torch.Tensor,  # [n_stream, n_q, n_head, head_dim]
+    k: torch.Tensor,  # [n_stream, n_kv, n_head_kv, head_dim]
+    v: torch.Tensor,  # [n_stream, n_kv, n_head_kv, head_dim_v]
+    cells: Cells,  # [n_stream, n_kv] cells, [n_stream, n_q] queries
+    scale: float,
+    *,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    n_split: int | None = None,
+) -> torch.Tensor:  # [n_stream, n_q, n_head, head_dim_v]
+    """`attention_triton` deciding visibility from cell metadata inside the kernel: the
+    contract of `attention_cells_ref`, the launch options of `attention_triton`."""
+    S, n_q, n_kv = q.shape[0], q.shape[1], k.shape[1]
+    assert cells.pos.shape == (S, n_kv) and cells.q_pos.shape == (S, n_q), (cells.pos.shape, q.shape)
+    for t in (cells.pos, cells.seq, cells.q_pos, cells.q_seq):
+        assert t.dtype == torch.int64 and t.is_contiguous() and t.device == q.device, (t.dtype, t.device)
+    return _launch(q, k, v, None, cells, scale, block_m, block_n, n_split)
+
+
+def _launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    cells: Cells | None,
+    scale: float,
+    block_m: int | None,
+    block_n: int | None,
+    n_split: int | None,
+) -> torch.Tensor:
     assert triton is not None, "attention_triton needs triton"
     n_stream, n_q, n_head, head_dim = q.shape
     _, n_kv, n_head_kv, head_dim_v = v.shape
     assert k.shape == (n_stream, n_kv, n_head_kv, head_dim), (q.shape, k.shape)
     assert v.shape[:3] == k.shape[:3], (k.shape, v.shape)
-    assert mask.shape == (n_stream, n_q, n_kv), (mask.shape, q.shape, k.shape)
     assert n_head % n_head_kv == 0, (n_head, n_head_kv)
     assert q.dtype in _DTYPES and k.dtype in _DTYPES and v.dtype in _DTYPES, (q.dtype, k.dtype, v.dtype)
-    assert mask.is_floating_point()
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1, "head_dim must be contiguous"
-    assert q.device == k.device == v.device == mask.device
+    assert q.device == k.device == v.device
     assert n_split is None or n_split >= 1, n_split
     group = n_head // n_head_kv
     out = torch.empty((n_stream, n_q, n_head, head_dim_v), dtype=q.dtype, device=q.device)
@@ -249,17 +236,26 @@ def attention_triton(
         acc_part = torch.empty((n_split, n_sh, n_rows, head_dim_v), dtype=torch.float32, device=q.device)
     else:  # never read: SPLIT=False writes `out` directly
         m_part = l_part = acc_part = out
+    # the inputs a mode does not read are stand-ins (any tensor will do for an unread pointer)
+    if cells is None:
+        assert mask is not None
+        meta, swa, n_swa, causal = (mask, mask, mask, mask), 0, 0, True
+    else:
+        mask = q.new_empty((0, 0, 0))
+        meta = (cells.pos, cells.seq, cells.q_pos, cells.q_seq)
+        swa, n_swa, causal = SWA_KINDS.index(cells.swa), cells.n_swa, cells.causal
     _attention_kernel[(n_row_blocks, n_sh, n_split)](
-        q, k, v, mask, out, m_part, l_part, acc_part,
+        q, k, v, mask, *meta, out, m_part, l_part, acc_part,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         mask.stride(0), mask.stride(1), mask.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         n_q, n_kv, n_head_kv, group, head_dim, head_dim_v,
-        kv_per_split,
+        kv_per_split, n_swa,
         scale * _LOG2E,
         F16=q.dtype == k.dtype == v.dtype == torch.float16, SPLIT=n_split > 1,
+        CELLS=cells is not None, SWA=swa, CAUSAL=causal,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
         num_warps=4, num_stages=2 if max(block_d, block_dv) > 128 else 3,
     )  # fmt: skip
@@ -280,3 +276,20 @@ def attention(
     if use_triton(q, k, v, mask):
         return attention_triton(q, k, v, mask, scale)
     return attention_ref(q, k, v, mask, scale)
+
+
+def attention_cells_ref(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: Cells, scale: float
+) -> torch.Tensor:
+    """`attention_ref` with the mask that `cells` describe (kernels/visibility.py): the spec."""
+    return attention_ref(q, k, v, visibility_mask(cells), scale)
+
+
+def attention_cells(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: Cells, scale: float
+) -> torch.Tensor:
+    """Attention per stream with visibility from cell metadata: Triton on CUDA tensors (no
+    mask is built), the reference elsewhere."""
+    if use_triton(q, k, v, cells.pos):
+        return attention_cells_triton(q, k, v, cells, scale)
+    return attention_cells_ref(q, k, v, cells, scale)

@@ -20,6 +20,7 @@ _WHERE = {
     "decode_tokens": "kvtool.decode",
     "resume_seq": "kvtool.decode",
     "context_shift": "kvtool.decode",
+    "resolve_device": "kvtool.device",
     "KVDims": "kvtool.kv_dims",
     "read_kv_dims": "kvtool.kv_dims",
     "apply_defrag": "kvtool.memory.defrag",
@@ -88,6 +89,7 @@ __all__ = [
     "model_path",
     "plan_defrag",
     "read_kv_dims",
+    "resolve_device",
     "resolve_model",
     "resume_seq",
     "set_n_threads",
@@ -111,6 +113,7 @@ if TYPE_CHECKING:  # what type checkers and editors see
     from kvtool.batch import Batch, DecodeError
     from kvtool.context import Context, ContextParams
     from kvtool.decode import ContextFullError, context_shift, decode_batch, decode_tokens, resume_seq
+    from kvtool.device import resolve_device
     from kvtool.errors import KvtoolError, ModelFetchError, ModelLoadError, StateError
     from kvtool.kv_dims import KVDims, read_kv_dims
     from kvtool.memory.base import MemoryStatus

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from kvtool.batch import Batch, BatchAllocator, DecodeError
+from kvtool.device import resolve_device
 from kvtool.errors import KvtoolError
 from kvtool.memory.base import Memory, MemoryContext, MemoryStatus
 from kvtool.memory.defrag import DEFAULT_MAX_MOVES, DefragPolicy
@@ -42,6 +43,7 @@ class ContextParams:
     n_rs_seq: int = 0  # recurrent memories: states kept per sequence, so seq_rm can roll back this far
     defrag: str = "none"  # KV compaction: none, threshold=F, on-fail (kvtool.memory.defrag)
     defrag_max_moves: int = DEFAULT_MAX_MOVES  # block moves per compaction pass
+    device: str | None = None  # where K/V live and the batch computes: None is the model's device
 
 
 class Context:
@@ -64,6 +66,9 @@ class Context:
             self.defrag = DefragPolicy.parse(p.defrag, p.defrag_max_moves)
         except ValueError as e:
             raise KvtoolError(str(e)) from None
+        self.device = model.device if p.device is None else resolve_device(p.device)
+        if self.device != model.device:
+            raise KvtoolError(f"context device {self.device} differs from the model's ({model.device})")
         self.model = model
         self.params = p
         self.n_batch = p.n_batch
@@ -97,6 +102,7 @@ class Context:
             type_v=_DTYPES[p.type_v],
             n_rs_seq=p.n_rs_seq,
             defrag=self.defrag,
+            device=self.device,
         )
         spec = model.memory_spec()
         hp = model.hparams
@@ -137,8 +143,8 @@ class Context:
                     mctx.apply()
                     ub = mctx.ubatch
                     rows = self.model.forward(ub, mctx)
-                    if ub.output.any():
-                        logits[torch.from_numpy(out_row[ub.idx[ub.output]])] = rows
+                    if ub.output.any():  # sampled on the CPU in float32 whatever the device
+                        logits[torch.from_numpy(out_row[ub.idx[ub.output]])] = rows.float().cpu()
                     if not mctx.next():
                         break
         except (MemoryError, torch.OutOfMemoryError) as e:

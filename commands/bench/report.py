@@ -59,7 +59,7 @@ def record(r: BenchResult, inst: Instance, m: kvtool.Model, kv_unified: bool) ->
         "build_number": 0,
         "cpu_info": cpu_info(),
         "gpu_info": "",
-        "backends": "CPU",
+        "backends": "CUDA" if m.device.type == "cuda" else "CPU",
         "model_filename": str(m.path),
         "model_type": model_desc(m),
         "model_size": m.size_bytes(),

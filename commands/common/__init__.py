@@ -64,6 +64,30 @@ RepeatLastNOpt = Annotated[
         "--repeat-last-n", help="Tokens the penalty looks at (-1: all).", callback=values.bounds(-1)
     ),
 ]
+DeviceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "-dev",
+        "--device",
+        help="Compute on: cpu or cuda (cuda:N; llama.cpp's CUDA0 and none also read). Default: cpu.",
+    ),
+]
+NglOpt = Annotated[
+    int | None,
+    typer.Option(
+        "-ngl",
+        "--gpu-layers",
+        "--n-gpu-layers",
+        help="llama.cpp's GPU layers: N > 0 computes on the GPU (kvtool does not split), 0 on the CPU.",
+    ),
+]
+WeightsOpt = Annotated[
+    str,
+    typer.Option(
+        "--weights",
+        help="Weights in memory: auto (4-bit packed on the CPU, bf16 on CUDA), f32, f16 or bf16.",
+    ),
+]
 
 NoProgressOpt = Annotated[
     bool, typer.Option("--no-progress", help="No progress on stderr (it shows only on a terminal).")
@@ -108,6 +132,38 @@ def defrag_setting(thold: float | None, mode: str | None) -> str:
     if on:
         return f"threshold={thold}"
     return mode or "none"
+
+
+_WEIGHTS = ("auto", "f32", "f16", "bf16")
+
+
+def device_setting(device: str | None, n_gpu_layers: int | None) -> str:
+    """The device --device and -ngl ask for: cpu, cuda or cuda:N (cpu when neither is given).
+    llama.cpp's spellings are read too: `-dev none` (no offload) and `-dev CUDA0`."""
+    name = None
+    if device is not None:
+        low = device.strip().lower()
+        if low in ("cpu", "none"):
+            name = "cpu"
+        elif low == "cuda" or (
+            low.startswith(("cuda:", "cuda")) and low.removeprefix("cuda").lstrip(":").isdigit()
+        ):
+            name = "cuda" if low == "cuda" else f"cuda:{low.removeprefix('cuda').lstrip(':')}"
+        else:
+            raise kvtool.KvtoolError(f"--device must be cpu or cuda (cuda:N), got '{device}'")
+    if n_gpu_layers is not None and n_gpu_layers < 0:
+        raise kvtool.KvtoolError(f"-ngl must be 0 (CPU) or more (GPU), got {n_gpu_layers}")
+    by_ngl = None if n_gpu_layers is None else ("cuda" if n_gpu_layers > 0 else "cpu")
+    if name is not None and by_ngl is not None and name.split(":")[0] != by_ngl:
+        raise kvtool.KvtoolError(f"--device {device} and -ngl {n_gpu_layers} ask for different devices")
+    return name or by_ngl or "cpu"
+
+
+def check_weights(weights: str) -> str:
+    """--weights, checked before anything is loaded."""
+    if weights not in _WEIGHTS:
+        raise kvtool.KvtoolError(f"--weights must be one of {', '.join(_WEIGHTS)}, got '{weights}'")
+    return weights
 
 
 def context_params(
@@ -189,12 +245,17 @@ class FetchBar:
             self._bar = None
 
 
-def load_model_with_status(name_or_path: str, console: Console) -> kvtool.Model:
-    """Resolves (fetching a known model if needed, with progress) and loads, with a spinner."""
+def load_model_with_status(
+    name_or_path: str, console: Console, device: str = "cpu", weights: str = "auto"
+) -> kvtool.Model:
+    """Resolves (fetching a known model if needed, with progress) and loads onto `device`
+    (`device_setting`), with a spinner. A device torch cannot use is refused first."""
+    check_weights(weights)
+    kvtool.resolve_device(device)
     bar = FetchBar(console, name_or_path)
     try:
         path = kvtool.resolve_model(name_or_path, progress=bar)
     finally:
         bar.close()
     with console.status(plain(f"loading {path.name}"), spinner="dots"):
-        return kvtool.Model(path)
+        return kvtool.Model(path, weights=weights, device=device)

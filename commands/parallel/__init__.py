@@ -137,6 +137,9 @@ def parallel(
     kv_unified: common.KvUnifiedOpt = False,
     type_k: common.TypeKOpt = "f32",
     type_v: common.TypeVOpt = "f32",
+    device: common.DeviceOpt = None,
+    n_gpu_layers: common.NglOpt = None,
+    weights: common.WeightsOpt = "auto",
     defrag_thold: common.DefragTholOpt = None,
     defrag: common.DefragOpt = None,
     pps: Annotated[
@@ -213,7 +216,7 @@ def parallel(
         out.print(f"parallel: simulating {n_parallel} clients against {server}")
     else:
         kvtool.set_n_threads(threads)
-        m = common.load_model_with_status(model, err)
+        m = common.load_model_with_status(model, err, common.device_setting(device, n_gpu_layers), weights)
         # sequence 0 holds the system prompt; the geometry (n_ctx_seq) is printed below
         n_seq_max = n_parallel + 1
         cp = common.context_params(

@@ -84,6 +84,9 @@ def run(
     kv_unified: common.KvUnifiedOpt = False,
     type_k: common.TypeKOpt = "f32",
     type_v: common.TypeVOpt = "f32",
+    device: common.DeviceOpt = None,
+    n_gpu_layers: common.NglOpt = None,
+    weights: common.WeightsOpt = "auto",
     defrag_thold: common.DefragTholOpt = None,
     defrag: common.DefragOpt = None,
     rs_seq: common.RsSeqOpt = 1,
@@ -130,7 +133,9 @@ def run(
     db = kvtool.ConversationStore(store) if store is not None else None  # refuses a foreign file now
     kvtool.set_n_threads(threads)
     t_load_start = time.perf_counter()
-    m = common.load_model_with_status(model, err if not no_progress else _quiet)
+    m = common.load_model_with_status(
+        model, err if not no_progress else _quiet, common.device_setting(device, n_gpu_layers), weights
+    )
     t_load = time.perf_counter() - t_load_start
     if jinja:
         m.use_chat_template(jinja=True)

@@ -52,13 +52,18 @@ def save(
     swa_full: common.SwaFullOpt = False,
     type_k: common.TypeKOpt = "f32",
     type_v: common.TypeVOpt = "f32",
+    device: common.DeviceOpt = None,
+    n_gpu_layers: common.NglOpt = None,
+    weights: common.WeightsOpt = "auto",
     threads: common.ThreadsOpt = None,
     no_progress: common.NoProgressOpt = False,
 ) -> None:
     """Decode the prompt (raw text, no chat template) and save the state atomically."""
     kvtool.check_state_path(output)  # before the work: a path it cannot save to is one line now
     kvtool.set_n_threads(threads)
-    m = common.load_model_with_status(model, common.progress_console(err, no_progress))
+    m = common.load_model_with_status(
+        model, common.progress_console(err, no_progress), common.device_setting(device, n_gpu_layers), weights
+    )
     s = 0 if seq is None else seq
     cp = common.context_params(ctx_size, batch_size, ubatch_size, s + 1, kv_unified, swa_full, type_k, type_v)
     ctx = common.make_context(m, cp, err)
@@ -109,6 +114,9 @@ def load(
     swa_full: common.SwaFullOpt = False,
     type_k: common.TypeKOpt = "f32",
     type_v: common.TypeVOpt = "f32",
+    device: common.DeviceOpt = None,
+    n_gpu_layers: common.NglOpt = None,
+    weights: common.WeightsOpt = "auto",
     threads: common.ThreadsOpt = None,
 ) -> None:
     """Restore a state and print the continuation on stdout (greedy unless --temp > 0)."""
@@ -118,7 +126,7 @@ def load(
         raise kvtool.StateError(f"{input} holds sequences {saved}, not {seq}")
     s = seq if seq is not None else (saved[0] if info.kind == "context" and saved else 0)
     kvtool.set_n_threads(threads)
-    m = common.load_model_with_status(model, err)
+    m = common.load_model_with_status(model, err, common.device_setting(device, n_gpu_layers), weights)
     n_seq_max = max([s, *saved]) + 1 if info.kind == "context" else s + 1
     cp = common.context_params(
         ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from kvtool.kernels.visibility import Cells
 from kvtool.memory.base import MemoryStatus
 
 if TYPE_CHECKING:
@@ -25,7 +26,14 @@ class KVView:
     rows: torch.Tensor  # [n_tokens] int64: stream * n_cells + cell of each ubatch row
     streams: slice  # the consecutive streams the ubatch's rows belong to, in row-block order
     n_kv: int  # cells attended per stream (the used span)
-    mask: torch.Tensor  # [n_stream_ub, n_tokens / n_stream_ub, n_kv] additive: 0 seen, -inf not
+    mask: torch.Tensor | None  # [n_stream_ub, n_tokens / n_stream_ub, n_kv] additive: 0 seen, -inf not
+    cells: Cells | None = None  # instead of the mask: what it is built from (on CUDA)
+
+
+def visibility_from_cells(device: str | torch.device) -> bool:
+    """Whether attention on `device` takes the cells' metadata (the CUDA kernel evaluates it per
+    tile, so no n_tokens x n_kv mask is built or copied) rather than the dense mask."""
+    return torch.device(device).type == "cuda"
 
 
 class KVCacheContext:
@@ -41,6 +49,7 @@ class KVCacheContext:
         self.i = 0
         self._rows: torch.Tensor | None = None
         self._mask: torch.Tensor | None = None
+        self._cells: Cells | None = None
         self._streams = slice(0, 1)
         self._n_kv = 0
 
@@ -50,7 +59,7 @@ class KVCacheContext:
 
     def next(self) -> bool:
         self.i += 1
-        self._rows = self._mask = None
+        self._rows = self._mask = self._cells = None
         return self.i < len(self.ubatches)
 
     def apply(self) -> bool:
@@ -67,8 +76,24 @@ class KVCacheContext:
         self._streams = slice(streams[0], streams[-1] + 1)
         self._n_kv = max(cache.cells[s].used_max_p1() for s in streams)
         self._rows = torch.from_numpy(np.concatenate(rows)).to(cache.params.device)
-        self._mask = self._build_mask(ub, streams, per).to(cache.params.device)
+        if visibility_from_cells(cache.params.device):
+            self._cells = self._build_cells(ub, streams, per)
+        else:
+            self._mask = self._build_mask(ub, streams, per).to(cache.params.device)
         return True
+
+    def _build_cells(self, ub: UBatch, streams: list[int], per: int) -> Cells:
+        """The metadata `_build_mask` reads, on the cache's device ([n_stream_ub, n_kv] cells,
+        [n_stream_ub, per] queries): the kernel applies the same rule."""
+        n_kv, swa, dev = self._n_kv, self.cache.params.swa, self.cache.params.device
+        pos = np.stack([self.cache.cells[s].pos[:n_kv] for s in streams])
+        seq = np.stack([self.cache.cells[s].seq[:n_kv] for s in streams]).view(np.int64)  # same bits
+        q_pos = ub.pos.astype(np.int64).reshape(len(streams), per)
+        q_seq = ub.seq_id.astype(np.int64).reshape(len(streams), per)
+        pos_t, seq_t, qp_t, qs_t = (torch.from_numpy(a).to(dev) for a in (pos, seq, q_pos, q_seq))
+        if swa is None:
+            return Cells(pos_t, seq_t, qp_t, qs_t)
+        return Cells(pos_t, seq_t, qp_t, qs_t, swa.kind, swa.n_swa)
 
     def _build_mask(self, ub: UBatch, streams: list[int], per: int) -> torch.Tensor:
         """[n_stream_ub, per, n_kv] additive mask: 0 where the query's sequence owns the cell,
@@ -89,7 +114,7 @@ class KVCacheContext:
         return torch.from_numpy(out)
 
     def layer_view(self, il: int) -> KVView:
-        if self._rows is None or self._mask is None:
+        if self._rows is None or (self._mask is None and self._cells is None):
             raise RuntimeError("apply() the ubatch before computing it")
         c = self.cache
-        return KVView(c.k[il], c.v[il], self._rows, self._streams, self._n_kv, self._mask)
+        return KVView(c.k[il], c.v[il], self._rows, self._streams, self._n_kv, self._mask, self._cells)

@@ -116,7 +116,7 @@ class Gemma3Model:
         hp = self.hp
         n = ub.n_tokens
         x = self.tok_embd(torch.from_numpy(ub.token)) * self.embd_scale  # [n, n_embd]
-        pos = torch.from_numpy(ub.pos)
+        pos = torch.from_numpy(ub.pos).to(x.device)
         rot_global, rot_swa = self.rope_global.cos_sin(pos), self.rope_swa.cos_sin(pos)  # [n, n_rot/2]
         for il, L in enumerate(self.layers):
             rope = self.rope(il)
@@ -130,7 +130,7 @@ class Gemma3Model:
             k = apply_rope(rms_norm(k, L.k_norm, hp.eps), cos, sin, rope)
             a = L.wo(attend(mctx.layer_view(il), q, k, v, 1.0))  # queries are pre-scaled, as in llama.cpp
             if il == hp.n_layer - 1:
-                out = torch.from_numpy(ub.output)  # only output rows need the rest
+                out = torch.from_numpy(ub.output).to(x.device)  # only output rows need the rest
                 a, x = a[out], x[out]
             x = x + rms_norm(a, L.attn_post_norm, hp.eps)
             f = geglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)

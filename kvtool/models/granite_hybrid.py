@@ -144,10 +144,10 @@ class GraniteHybridModel:
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
         hp, sc = self.hp, self.scales
-        x = self.tok_embd[torch.from_numpy(ub.token)]  # [n_tokens, n_embd]
+        x = self.tok_embd[torch.from_numpy(ub.token).to(self.tok_embd.device)]  # [n_tokens, n_embd]
         if sc.embedding:
             x = x * sc.embedding
-        rot = self.rope.cos_sin(torch.from_numpy(ub.pos)) if self.rope is not None else None
+        rot = self.rope.cos_sin(torch.from_numpy(ub.pos).to(x.device)) if self.rope is not None else None
         for il, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, hp.eps)
             if isinstance(L.mixer, Mamba2Layer):
@@ -155,7 +155,7 @@ class GraniteHybridModel:
             else:
                 cur = self._attention(il, L.mixer, h, rot, mctx)
             if il == hp.n_layer - 1:  # only output rows need the rest
-                out = torch.from_numpy(ub.output)
+                out = torch.from_numpy(ub.output).to(x.device)
                 cur, x = cur[out], x[out]
             x = x + (cur * sc.residual if sc.residual else cur)
             f = swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kvtool.kernels.attention import attention
+from kvtool.kernels.attention import attention, attention_cells
 from kvtool.kernels.store_kv import store_kv
 from kvtool.memory.kv_cache_context import KVView
 from kvtool.models.linear import Linear, LinearGroup
@@ -37,23 +37,25 @@ class RopeParams:
     _table: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list, compare=False, repr=False)
 
     def _cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # in float64 on the CPU whatever the device, so that every device rotates alike
         half = self.n_rot // 2
         inv = self.base ** (-2.0 * torch.arange(half, dtype=torch.float64) / self.n_rot)
         if self.freq_factors is not None:
-            inv = inv / self.freq_factors.double()
-        theta = pos.double()[:, None] * self.freq_scale * inv[None, :]
-        return torch.cos(theta).float(), torch.sin(theta).float()
+            inv = inv / self.freq_factors.cpu().double()
+        theta = pos.cpu().double()[:, None] * self.freq_scale * inv[None, :]
+        return torch.cos(theta).float().to(pos.device), torch.sin(theta).float().to(pos.device)
 
     def cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [n, n_rot/2] for positions (or position deltas) `pos` [n]."""
+        """cos, sin [n, n_rot/2] for positions (or position deltas) `pos` [n], on pos's device."""
         if pos.numel() == 0 or int(pos.min()) < 0:  # negative deltas (seq_add): computed directly
             return self._cos_sin(pos)
         top = int(pos.max())
         if top >= _ROPE_TABLE_MAX:
             return self._cos_sin(pos)
-        if not self._table or top >= self._table[0][0].shape[0]:
-            size = max(256, 1 << top.bit_length())
-            self._table[:] = [self._cos_sin(torch.arange(size))]
+        table = self._table[0] if self._table else None
+        if table is None or top >= table[0].shape[0] or table[0].device != pos.device:
+            size = max(256, 1 << top.bit_length(), 0 if table is None else table[0].shape[0])
+            self._table[:] = [self._cos_sin(torch.arange(size, device=pos.device))]
         cos, sin = self._table[0]
         return cos[pos], sin[pos]
 
@@ -112,4 +114,7 @@ def attend(view: KVView, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
     qs = q.reshape(n_s, n // n_s, q.shape[1], q.shape[2])  # [n_stream_ub, n / n_stream_ub, n_head, d_k]
     ks = kc[view.streams, : view.n_kv]  # [n_stream_ub, n_kv, n_head_kv, d_k]
     vs = vc[view.streams, : view.n_kv]
+    if view.cells is not None:  # on CUDA: the kernel decides visibility from the cells
+        return attention_cells(qs, ks, vs, view.cells, scale).reshape(n, -1)
+    assert view.mask is not None
     return attention(qs, ks, vs, view.mask, scale).reshape(n, -1)

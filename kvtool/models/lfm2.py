@@ -136,8 +136,8 @@ class Lfm2Model:
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
         hp = self.hp
-        x = self.tok_embd[torch.from_numpy(ub.token)]  # [n_tokens, n_embd]
-        rot = self.rope.cos_sin(torch.from_numpy(ub.pos))
+        x = self.tok_embd[torch.from_numpy(ub.token).to(self.tok_embd.device)]  # [n_tokens, n_embd]
+        rot = self.rope.cos_sin(torch.from_numpy(ub.pos).to(x.device))
         for il, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, hp.eps)
             if isinstance(L.mixer, ShortConv):
@@ -145,7 +145,7 @@ class Lfm2Model:
             else:
                 cur = self._attention(il, L.mixer, h, rot, mctx)
             if il == hp.n_layer - 1:  # only output rows need the rest
-                out = torch.from_numpy(ub.output)
+                out = torch.from_numpy(ub.output).to(x.device)
                 cur, x = cur[out], x[out]
             x = x + cur
             x = x + swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)

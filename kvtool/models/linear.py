@@ -7,6 +7,10 @@ the packed GEMV reads 4-8 bits per weight and wins for a few rows (decode); a de
 GEMM wins for many (prompts, large batches), so the dense copy is dequantized on first such use.
 Other formats are dequantized to float32 at load. Activations, residual stream, norms and
 softmax stay float32; only the packed matmul's input goes through bfloat16.
+
+`weights="f16"` / `"bf16"` keep matrices and the token embedding dense in that type (the GPU
+default is bf16: "auto" means bf16 on CUDA, whose matmuls have no int4pack path); a matmul
+takes its input in the weight's type and returns float32.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from kvtool.gguf_file import GGUFFile
 from kvtool.kernels.dequant import F32, dequantize
 from kvtool.kernels.int4pack import Int4Packed, int4_groups, int4_linear, n_planes_of, pack, packable
 
-WeightsMode = Literal["auto", "f32"]
-WEIGHTS_MODES: tuple[str, ...] = ("auto", "f32")
+WeightsMode = Literal["auto", "f32", "f16", "bf16"]
+WEIGHTS_MODES: tuple[str, ...] = ("auto", "f32", "f16", "bf16")
+_DENSE_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 
 # Rows up to which the packed GEMV beats the dense float32 GEMM. Measured on this project's
 # AVX2 machine (SmolLM2's 30 layers of fused shapes, 1 thread, weights far beyond the caches):
@@ -39,14 +44,17 @@ class Linear(Protocol):
 
 
 class DenseLinear:
-    """A float32 weight (and optional bias) applied with F.linear."""
+    """A dense weight (and optional bias) applied with F.linear; a float32 weight computes
+    exactly as before, an f16/bf16 one takes its input in its type and returns float32."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight = weight  # [n_out, n_in]
-        self.bias = bias
+        self.bias = bias if bias is None else bias.to(weight.dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        if self.weight.dtype == torch.float32:
+            return F.linear(x, self.weight, self.bias)
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias).float()
 
 
 class QuantLinear:
@@ -82,12 +90,22 @@ def check_weights_mode(weights: str) -> None:
         raise ModelLoadError(f"unknown weights mode '{weights}' (one of: {', '.join(WEIGHTS_MODES)})")
 
 
+def weights_for_device(weights: str, device: torch.device) -> str:
+    """The mode a device computes with: "auto" (int4pack, a CPU kernel) is bf16 on CUDA."""
+    return "bf16" if weights == "auto" and device.type == "cuda" else weights
+
+
+def _dense(f: GGUFFile, name: str, weights: str) -> torch.Tensor:
+    w = f.tensor(name)
+    return w.to(_DENSE_DTYPES[weights]) if weights in _DENSE_DTYPES else w
+
+
 def load_linear(f: GGUFFile, name: str, weights: str, bias: torch.Tensor | None = None) -> Linear:
     """The linear layer for GGUF tensor `name` ([n_out, n_in] in numpy order)."""
     info = f.tensor_info(name)
     if weights == "auto" and packable(info.qtype, info.shape):
         return QuantLinear(f, [name], bias)
-    return DenseLinear(f.tensor(name), bias)
+    return DenseLinear(_dense(f, name, weights), bias)
 
 
 class LinearGroup:
@@ -129,14 +147,14 @@ class Embedding:
         info = f.tensor_info(name)
         self._qtype, self._shape = info.qtype, info.shape
         lazy = weights == "auto" and info.qtype != F32  # float32 data is a free view of the map
-        self.dense: torch.Tensor | None = None if lazy else f.tensor(name)
+        self.dense: torch.Tensor | None = None if lazy else _dense(f, name, weights)
         # [n_vocab, bytes per row]: rows of every GGML type start on block boundaries
         self._rows = f.tensor_bytes(name).view(info.shape[0], -1)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids [n] int64 -> [n, n_embd] float32."""
+        """ids [n] int64 (on any device) -> [n, n_embd] float32 on the weights' device."""
         if self.dense is not None:
-            return self.dense[ids]
+            return self.dense[ids.to(self.dense.device)].float()
         return dequantize(self._rows[ids], self._qtype, (int(ids.shape[0]), self._shape[1]))
 
 

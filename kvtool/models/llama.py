@@ -78,7 +78,7 @@ class LlamaModel:
         hp = self.hp
         n = ub.n_tokens
         x = self.tok_embd(torch.from_numpy(ub.token))  # [n, n_embd]
-        cos, sin = self.rope.cos_sin(torch.from_numpy(ub.pos))
+        cos, sin = self.rope.cos_sin(torch.from_numpy(ub.pos).to(x.device))
         scale = 1.0 / math.sqrt(hp.head_dim_k)
         for il, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, hp.eps)
@@ -90,6 +90,6 @@ class LlamaModel:
             k = apply_rope(k, cos, sin, self.rope)
             x = x + L.wo(attend(mctx.layer_view(il), q, k, v, scale))
             if il == hp.n_layer - 1:
-                x = x[torch.from_numpy(ub.output)]  # only output rows need the rest
+                x = x[torch.from_numpy(ub.output).to(x.device)]  # only output rows need the rest
             x = x + swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
         return self.output(rms_norm(x, self.output_norm, hp.eps))

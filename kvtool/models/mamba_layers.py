@@ -59,9 +59,9 @@ class RecurrentLM(abc.ABC):
 
     def forward(self, ub: UBatch, mctx) -> torch.Tensor:  # type: ignore[no-untyped-def]
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
-        x = self.tok_embd[torch.from_numpy(ub.token)]  # [n_tokens, n_embd]
+        x = self.tok_embd[torch.from_numpy(ub.token).to(self.tok_embd.device)]  # [n_tokens, n_embd]
         for il in range(self.n_layer):
             h = rms_norm(x, self.attn_norm[il], self.eps)
             x = x + self.block(il, h, ub, mctx.layer_view(il))
-        x = x[torch.from_numpy(ub.output)]
+        x = x[torch.from_numpy(ub.output).to(x.device)]
         return F.linear(rms_norm(x, self.output_norm, self.eps), self.output)

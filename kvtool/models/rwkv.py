@@ -110,7 +110,9 @@ class RWKVModel(abc.ABC):
         c, eps = self.common, self.rwkv.norm_eps
         n, n_seqs, n_st = ub.n_tokens, ub.n_seqs, ub.n_seq_tokens
         assert n == n_seqs * n_st, (n, n_seqs, n_st)
-        x = layer_norm(c.tok_embd[torch.from_numpy(ub.token)], c.tok_norm, c.tok_norm_b, eps)  # [n, n_embd]
+        x = layer_norm(
+            c.tok_embd[torch.from_numpy(ub.token).to(c.tok_embd.device)], c.tok_norm, c.tok_norm_b, eps
+        )  # [n, n_embd]
         carry = Carry()
         for il in range(self.hp.n_layer):
             view = mctx.layer_view(il)  # an RSView
@@ -128,7 +130,7 @@ class RWKVModel(abc.ABC):
                 view.store(shifts, wkv_states)
             ffn_inp, ffn, ffn_prev = (t.reshape(n, -1) for t in (ffn_inp, ffn, ffn_prev))
             if il == self.hp.n_layer - 1:  # only output rows need the rest
-                rows = torch.from_numpy(ub.output)
+                rows = torch.from_numpy(ub.output).to(x.device)
                 ffn_inp, ffn, ffn_prev = ffn_inp[rows], ffn[rows], ffn_prev[rows]
             x = ffn_inp + self.channel_mix(il, ffn, ffn_prev)
             every = self.rescale_every_n_layers

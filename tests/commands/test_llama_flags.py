@@ -43,8 +43,8 @@ def test_version_names_kvtool_torch_and_the_device() -> None:
 @pytest.mark.parametrize(
     ("args", "named"),
     [
-        (["run", "-ngl", "99"], "-ngl"),
-        (["run", "--n-gpu-layers", "99"], "--n-gpu-layers"),
+        (["run", "-nkvo"], "-nkvo"),
+        (["run", "--main-gpu", "1"], "--main-gpu"),
         (["bench", "-fa", "1"], "-fa"),
         (["parallel", "--host", "x"], "--host"),
     ],

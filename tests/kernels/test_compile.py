@@ -12,11 +12,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-# attention variants: (activation dtype, cache dtype, split-KV partials)
+# attention variants: (activation dtype, cache dtype, split-KV partials, visibility from cell
+# metadata, sliding-window kind as an index in kernels.visibility.SWA_KINDS)
 ATTENTION = [
-    ("fp16", "fp16", False),  # fp16 dots, one pass
-    ("fp16", "fp16", True),  # flash-decoding partials
-    ("fp32", "bf16", True),  # fp32 activations on a bf16 cache: fp32 dots
+    ("fp16", "fp16", False, False, 0),  # fp16 dots, one pass, dense mask
+    ("fp16", "fp16", True, False, 0),  # flash-decoding partials
+    ("fp32", "bf16", True, False, 0),  # fp32 activations on a bf16 cache: fp32 dots
+    ("fp16", "fp16", False, True, 0),  # cell metadata: a prompt
+    ("fp32", "bf16", True, True, 1),  # cell metadata, a window, split decode
+    ("bf16", "bf16", False, True, 2),  # chunked window
+    ("fp32", "fp16", True, True, 3),  # symmetric window
 ]
 
 
@@ -37,10 +42,12 @@ def compile_all() -> None:  # runs in a subprocess with TRITON_INTERPRET unset
         assert kernel.asm["cubin"], fn.__name__
 
     partials = dict(m_ptr="fp32", l_ptr="fp32", acc_ptr="fp32")
-    for q, kv, split in ATTENTION:
-        pointers = dict(q_ptr=q, k_ptr=kv, v_ptr=kv, mask_ptr="fp32", o_ptr=q, **partials)
+    meta = dict(cpos_ptr="i64", cseq_ptr="i64", qpos_ptr="i64", qseq_ptr="i64")
+    for q, kv, split, cells, swa in ATTENTION:
+        pointers = dict(q_ptr=q, k_ptr=kv, v_ptr=kv, mask_ptr="fp32", o_ptr=q, **meta, **partials)
         blocks = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, BLOCK_DV=128)
-        constexprs = dict(F16=q == kv == "fp16", SPLIT=split, **blocks)
+        modes = dict(CELLS=cells, SWA=swa, CAUSAL=True)
+        constexprs = dict(F16=q == kv == "fp16", SPLIT=split, **modes, **blocks)
         build(attention._attention_kernel, pointers, constexprs, num_stages=3)
     build(attention._attention_reduce_kernel, dict(o_ptr="bf16", **partials), dict(BLOCK_M=16, BLOCK_DV=128))
     build(store_kv._store_kv_kernel, dict(dst_ptr="bf16", src_ptr="fp32", idx_ptr="i64"), dict(BLOCK=1024))

@@ -16,6 +16,7 @@ import torch
 from kvtool.kernels import _triton
 from kvtool.kernels import attention as attention_mod
 from kvtool.kernels import store_kv as store_kv_mod
+from kvtool.kernels.visibility import Cells
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,22 @@ def _call_attention(fn: Callable[..., torch.Tensor | None]) -> torch.Tensor:
     return out
 
 
+def _call_attention_cells(fn: Callable[..., torch.Tensor | None]) -> torch.Tensor:
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 3, 4, 16, generator=g)  # [S, n_q, H, D]
+    k = torch.randn(1, 6, 2, 16, generator=g)  # [S, n_kv, Hkv, D]
+    v = torch.randn(1, 6, 2, 16, generator=g)
+    cells = Cells(
+        pos=torch.tensor([[0, 1, -1, 2, 3, 4]]),
+        seq=torch.tensor([[1, 3, 0, 2, 1, 2]]),  # two sequences in one stream, a shared cell
+        q_pos=torch.tensor([[2, 3, 4]]),
+        q_seq=torch.tensor([[1, 0, 1]]),
+    )
+    out = fn(q, k, v, cells, 0.25)
+    assert out is not None
+    return out
+
+
 def _call_store_kv(fn: Callable[..., torch.Tensor | None]) -> torch.Tensor:
     g = torch.Generator().manual_seed(1)
     dst = torch.randn(20, 24, generator=g).half()  # [n_rows, width]
@@ -55,6 +72,7 @@ def _call_store_kv(fn: Callable[..., torch.Tensor | None]) -> torch.Tensor:
 
 DISPATCHES = [
     Dispatch(attention_mod, "attention", _call_attention),
+    Dispatch(attention_mod, "attention_cells", _call_attention_cells),
     Dispatch(store_kv_mod, "store_kv", _call_store_kv),
 ]
 
