@@ -46,7 +46,8 @@ KvUnifiedOpt = Annotated[
 
 # the sampler's flags, with llama.cpp's meanings; a value without one is a usage error
 TempOpt = Annotated[
-    float, typer.Option("--temp", help="Temperature (<= 0: greedy, as in llama.cpp).", callback=values.bounds())
+    float,
+    typer.Option("--temp", help="Temperature (<= 0: greedy, as in llama.cpp).", callback=values.bounds()),
 ]
 TopKOpt = Annotated[int, typer.Option("--top-k", help="Top-k (0: off).", callback=values.bounds(0))]
 TopPOpt = Annotated[
