@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import builtins
 import json
+import os
 import sqlite3
+import stat
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -131,10 +133,16 @@ class ConversationStore:
 
     def __init__(self, path: str | Path, timeout: float = 30.0) -> None:
         self.path = Path(path)
-        if self.path.is_dir():
+        try:
+            mode: int | None = os.stat(self.path).st_mode
+        except FileNotFoundError:
+            mode = None  # a new store
+        except OSError as e:  # a name too long, a folder that is a file, no permission...
+            raise StateError(f"cannot open the conversation store {self.path}: {e.strerror}") from None
+        if mode is not None and stat.S_ISDIR(mode):
             raise StateError(f"{self.path} is a directory, not a conversation store")
-        if self.path.exists():
-            if not self.path.is_file():
+        if mode is not None:
+            if not stat.S_ISREG(mode):
                 raise StateError(f"{self.path} is not a regular file, not a conversation store")
             _check_foreign(self.path)
         try:

@@ -150,3 +150,11 @@ def test_a_save_over_another_processs_save_is_refused(tmp_path: Path) -> None:
     assert b.save("chat", b"forced", [1], MSG, "m", "f") == 3  # no generation: replaces
     a.close()
     b.close()
+
+
+@pytest.mark.parametrize("name", ["a" * 5000, "file/below"])
+def test_a_store_path_the_system_refuses_is_one_error(tmp_path: Path, name: str) -> None:
+    """Found by the CLI fuzzer: a name too long (or a 'folder' that is a file) escaped as OSError."""
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(StateError, match="conversation store"):
+        ConversationStore(tmp_path / name)
