@@ -214,6 +214,10 @@ class RecurrentMemory(PartBatches, SeqOps):
         if not cells.has(seq):
             return lambda: None
         p = int(cells.pos[seq])
+        if lo < hi <= p:  # the range ends inside what the state folded in: it cannot forget it
+            raise MemoryRefused(
+                f"recurrent memory: positions [{lo}, {hi}) of sequence {seq} cannot be removed"
+            )
         if 0 < lo <= p < hi:
             r = p - (lo - 1)  # tokens to take back
             if r > int(cells.n_hist[seq]):
@@ -248,6 +252,11 @@ class RecurrentMemory(PartBatches, SeqOps):
         if isinstance(op, SeqCp):
             self._check_seq(op.src)
             self._check_seq(op.dst)
+            lo, hi = pos_range(op.p0, op.p1)
+            if op.src != op.dst and cells.has(op.src) and not lo <= 0 <= cells.pos[op.src] < hi:
+                raise MemoryRefused(
+                    f"recurrent memory: a state is copied whole, [{lo}, {hi}) cuts sequence {op.src}'s"
+                )
             return lambda: self._cp(op.src, op.dst)
         if isinstance(op, SeqKeep):
             self._check_seq(op.seq_id)
@@ -260,11 +269,15 @@ class RecurrentMemory(PartBatches, SeqOps):
             return keep
         if isinstance(op, SeqAdd | SeqDiv):
             self._check_seq(op.seq_id)
+            if isinstance(op, SeqDiv) and op.d < 1:
+                raise MemoryRefused(f"seq_div needs a divisor >= 1, got {op.d}")
             lo, hi = pos_range(op.p0, op.p1)
             seq, p = op.seq_id, int(cells.pos[op.seq_id])
             if lo == hi or not cells.has(seq) or not lo <= p < hi:
                 return lambda: None
             if isinstance(op, SeqAdd):
+                if p + op.delta < 0:  # as KV cells pushed below position 0: the state is freed
+                    return lambda: cells.detach(seq)
                 return lambda: cells.pos.__setitem__(seq, p + op.delta)
 
             def div() -> None:
