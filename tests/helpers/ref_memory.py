@@ -148,10 +148,12 @@ class RefMemory:
 
 
 class RefSWA(RefMemory):
-    """A base cache and a window cache of n_swa (SWAKVCache) of the same size, so the window
-    never reuses a cell: both see every op, but a sequence state saved from the window cache
-    keeps only what the sequence's last position still sees, and the memory reports the
-    positions both hold."""
+    """A base cache and a window cache of n_swa (SWAKVCache): both see every op, but the window
+    cache may reuse a cell holding one sequence outside that sequence's window (and then
+    forgets every earlier position of it; which cells the slot search reuses is its own
+    business: `forget` follows it, `must_hold` bounds it), and a sequence state saved from it
+    keeps only what the sequence's last position still sees. The memory reports the positions
+    both caches hold: the window's."""
 
     def __init__(self, n_cells: int, n_seq: int, unified: bool, n_swa: int) -> None:
         super().__init__(n_cells, n_seq, unified)
@@ -170,10 +172,10 @@ class RefSWA(RefMemory):
         return super().seq_cp(src, dst, p0, p1) and self.win.seq_cp(src, dst, p0, p1)
 
     def seq_load(self, src: int, dst: int) -> None:
-        super().seq_load(src, dst)
-        last = max(self.win.positions(src), default=-1)
-        self.win.seq_load(src, dst)
-        self.win.seq_rm(dst, 0, last - self.n_swa + 1)  # the window's state keeps p > last - n_swa
+        win = [Tok(t.pos, t.rotated, {dst}, t.tag, None) for t in self.win.stream(src) if src in t.seqs]
+        last = max((t.pos for t in win), default=-1)
+        super().seq_load(src, dst)  # clears dst in both caches (self.seq_rm)
+        self.win.stream(dst).extend(t for t in win if last - t.pos < self.n_swa)  # what last still sees
 
     def seq_keep(self, s: int) -> None:
         super().seq_keep(s)
@@ -190,6 +192,19 @@ class RefSWA(RefMemory):
     def pos_min_max(self, s: int) -> tuple[int, int]:
         (a0, a1), (b0, b1) = super().pos_min_max(s), self.win.pos_min_max(s)
         return max(a0, b0), min(a1, b1)
+
+    def forget(self, s: int, p_min: int) -> None:
+        """The window cache now starts s at p_min: what it may have forgotten is gone."""
+        if p_min > 0:
+            self.win.seq_rm(s, 0, p_min)
+
+    def must_hold(self, s: int) -> int | None:
+        """After a decode: the lowest of s's positions that its next token still sees (the
+        window may have forgotten anything below), None when s is empty."""
+        ps = self.win.positions(s)
+        if not ps:
+            return None
+        return min(p for p in ps if p >= max(ps) + 2 - self.n_swa)
 
 
 @dataclass
