@@ -3,7 +3,9 @@ recurrent memory for the state-space (Mamba-2, short-convolution) layers of one 
 
 Both parts see every operation, planned on both before either changes (the Composite), so a
 partial `seq_rm` that the recurrent part refuses (it cannot cut a state back without rollback
-snapshots) leaves the KV cache untouched too. A recurrent state is copied whole and replaces
+snapshots) leaves the KV cache untouched too, and a range before the state's last position,
+which the recurrent part ignores (llama.cpp), is refused rather than cut from the KV cache
+alone. A recurrent state is copied whole and replaces
 the destination's, so a hybrid `seq_cp` does the same in the KV cache: the range must hold all
 of the source, and the destination's cells go first. Positions are those both parts still hold:
 seq_pos_min = max of the parts' minimums, seq_pos_max = min of their maximums. Batches are cut
@@ -61,14 +63,28 @@ class HybridMemory(Composite):
     def plan(self, op: SeqOp) -> Commit:
         if isinstance(op, SeqCp) and op.src != op.dst:
             return self._plan_cp(op)
+        if isinstance(op, SeqRm) and op.seq_id >= 0:
+            self._check_rm(op)
         return super().plan(op)
+
+    def _check_rm(self, op: SeqRm) -> None:
+        """A recurrent memory takes a range before its state's last position as removing
+        nothing (llama.cpp), but the attention part would remove those cells: refused, so the
+        two parts keep holding the same tokens."""
+        lo, hi = pos_range(op.p0, op.p1)
+        last = self.recurrent.seq_pos_max(op.seq_id)
+        a0, a1 = self.attn.seq_pos_min(op.seq_id), self.attn.seq_pos_max(op.seq_id)
+        if lo < hi <= last and a1 >= 0 and lo <= a1 and hi > a0:
+            raise MemoryRefused(
+                f"hybrid memory: positions [{lo}, {hi}) of sequence {op.seq_id} cannot be removed"
+            )
 
     def _plan_cp(self, op: SeqCp) -> Commit:
         """dst becomes a copy of all of src, in both parts. A recurrent state is copied whole
         and replaces dst's, so the attention part must do the same: a range that leaves out
         some of src's cells is refused, and dst's own cells go first (in one stream they
         would otherwise stay beside src's)."""
-        rec = self.recurrent.plan(op)  # refuses a range that cuts src's state
+        rec = self.recurrent.plan(op)
         lo, hi = pos_range(op.p0, op.p1)
         p_min, p_max = self.attn.seq_pos_min(op.src), self.attn.seq_pos_max(op.src)
         if p_max >= 0 and not lo <= p_min <= p_max < hi:

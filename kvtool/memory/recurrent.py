@@ -214,10 +214,6 @@ class RecurrentMemory(PartBatches, SeqOps):
         if not cells.has(seq):
             return lambda: None
         p = int(cells.pos[seq])
-        if lo < hi <= p:  # the range ends inside what the state folded in: it cannot forget it
-            raise MemoryRefused(
-                f"recurrent memory: positions [{lo}, {hi}) of sequence {seq} cannot be removed"
-            )
         if 0 < lo <= p < hi:
             r = p - (lo - 1)  # tokens to take back
             if r > int(cells.n_hist[seq]):
@@ -252,11 +248,6 @@ class RecurrentMemory(PartBatches, SeqOps):
         if isinstance(op, SeqCp):
             self._check_seq(op.src)
             self._check_seq(op.dst)
-            lo, hi = pos_range(op.p0, op.p1)
-            if op.src != op.dst and cells.has(op.src) and not lo <= 0 <= cells.pos[op.src] < hi:
-                raise MemoryRefused(
-                    f"recurrent memory: a state is copied whole, [{lo}, {hi}) cuts sequence {op.src}'s"
-                )
             return lambda: self._cp(op.src, op.dst)
         if isinstance(op, SeqKeep):
             self._check_seq(op.seq_id)

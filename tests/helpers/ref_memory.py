@@ -2,9 +2,8 @@
 
 `RefMemory` models the KV cells, `RefRecurrent` the recurrent states. llama.cpp's semantics as
 docs/memory.md states them. Where they differ the docs win: in split mode seq_keep(s) frees
-every other stream (llama.cpp's llama_kv_cache::seq_keep only visits the stream of s), a
-partial cross-stream seq_cp is allowed (llama.cpp asserts), and a recurrent state is never cut
-or copied in part (llama.cpp drops or shares the whole state in some of those cases).
+every other stream (llama.cpp's llama_kv_cache::seq_keep only visits the stream of s), and a
+partial cross-stream seq_cp is allowed (llama.cpp asserts).
 """
 
 from __future__ import annotations
@@ -224,8 +223,8 @@ class Refused(Exception):
 
 
 class RefRecurrent:
-    """A plain-Python model of a recurrent memory (docs/memory.md, kvtool.memory.recurrent):
-    one state per sequence, never cut or copied in part; `n_rs` rollback snapshots."""
+    """A plain-Python model of a recurrent memory (kvtool.memory.recurrent): one state per
+    sequence, `n_rs` rollback snapshots; only the state's last position counts for ranges."""
 
     def __init__(self, n_seq: int, n_rs: int) -> None:
         self.n_seq, self.n_rs = n_seq, n_rs
@@ -269,8 +268,8 @@ class RefRecurrent:
         st = self.seqs.get(s)
         if st is None or lo >= hi or lo > st.pos:
             return
-        if hi <= st.pos:
-            raise Refused("the range ends inside the state")
+        if hi <= st.pos:  # llama.cpp: only the state's position counts, and it is not in range
+            return
         if lo == 0:
             del self.seqs[s]
             return
@@ -287,10 +286,7 @@ class RefRecurrent:
         self._check(dst)
         if src == dst:
             return
-        lo, hi = RefMemory._range(p0, p1)
-        st = self.seqs.get(src)
-        if st is not None and not lo <= 0 <= st.pos < hi:
-            raise Refused("a part of a state cannot be copied")
+        st = self.seqs.get(src)  # the range is ignored (llama.cpp): the whole state is shared
         self.seqs.pop(dst, None)
         if st is not None:
             self.seqs[dst] = RefState(list(st.hist), st.pos, st.n_hist, st.slot)

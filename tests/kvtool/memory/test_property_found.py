@@ -1,7 +1,8 @@
 """What the memory property tests (test_property_memory.py) found, as explicit programs: each
-failed before its fix. A recurrent state is the fold of every token before it, so it cannot
-lose or share only some of them; a hybrid memory must keep its two parts holding the same
-tokens."""
+failed before its fix. A hybrid memory must keep its two parts holding the same tokens: its
+recurrent part, as llama.cpp's, only looks at a state's last position when given a range
+(removing a range before it removes nothing, copying copies the whole state), so the hybrid
+refuses the ranges its KV part would cut alone."""
 
 from __future__ import annotations
 
@@ -24,17 +25,18 @@ def model(arch: str) -> kvtool.Model:
 
 
 def context(arch: str, unified: bool = True, n_seq: int = 3) -> Context:
-    ctx = Context(model(arch), ContextParams(n_ctx=256, n_seq_max=n_seq, kv_unified=unified))
+    ctx = Context(
+        model(arch), ContextParams(n_ctx=256 * (1 if unified else n_seq), n_seq_max=n_seq, kv_unified=unified)
+    )
     ctx.decode(Batch.from_tokens([3, 4, 5, 6], seq_id=0, pos0=0))
     return ctx
 
 
-@pytest.mark.parametrize("arch", ["mamba", "granitehybrid"])
 @pytest.mark.parametrize(("p0", "p1"), [(-1, 1), (0, 2), (1, 3)])
-def test_seq_rm_of_a_range_before_the_last_position_is_refused(arch: str, p0: int, p1: int) -> None:
+def test_hybrid_seq_rm_of_a_range_before_the_last_position_is_refused(p0: int, p1: int) -> None:
     """seq_rm(0, -1, 1) on tokens 0..3 answered True: the recurrent state kept token 0 while
-    the hybrid's KV cache dropped it (llama.cpp refuses: 0 < p1 <= the state's position)."""
-    ctx = context(arch)
+    the KV cache dropped it."""
+    ctx = context("granitehybrid")
     before = snapshot(ctx.memory)
     assert ctx.memory.seq_rm(0, p0, p1) is False
     assert snapshot(ctx.memory) == before
@@ -59,12 +61,11 @@ def test_recurrent_seq_add_below_zero_frees_the_state() -> None:
     assert ctx.memory.seq_pos_max(0) == 0
 
 
-@pytest.mark.parametrize("arch", ["mamba", "granitehybrid"])
 @pytest.mark.parametrize(("p0", "p1"), [(1, -1), (0, 2), (5, -1)])
-def test_seq_cp_of_part_of_a_state_is_refused(arch: str, p0: int, p1: int) -> None:
-    """seq_cp(0, 1, 0, 2) gave sequence 1 the whole state of tokens 0..3 (and, in a hybrid,
-    KV cells of positions 0..1 only)."""
-    ctx = context(arch)
+def test_hybrid_seq_cp_of_part_of_a_sequence_is_refused(p0: int, p1: int) -> None:
+    """seq_cp(0, 1, 0, 2) gave sequence 1 the whole recurrent state of tokens 0..3 and the
+    KV cells of positions 0..1 only."""
+    ctx = context("granitehybrid")
     before = snapshot(ctx.memory)
     with pytest.raises(MemoryRefused):
         ctx.memory.seq_cp(0, 1, p0, p1)
