@@ -72,9 +72,10 @@ class HybridMemory(Composite):
         nothing (llama.cpp), but the attention part would remove those cells: refused, so the
         two parts keep holding the same tokens."""
         lo, hi = pos_range(op.p0, op.p1)
-        last = self.recurrent.seq_pos_max(op.seq_id)
+        if not lo < hi <= self.recurrent.seq_pos_max(op.seq_id):  # -1 for an unknown sequence
+            return
         a0, a1 = self.attn.seq_pos_min(op.seq_id), self.attn.seq_pos_max(op.seq_id)
-        if lo < hi <= last and a1 >= 0 and lo <= a1 and hi > a0:
+        if a1 >= 0 and lo <= a1 and hi > a0:
             raise MemoryRefused(
                 f"hybrid memory: positions [{lo}, {hi}) of sequence {op.seq_id} cannot be removed"
             )

@@ -86,3 +86,10 @@ def test_hybrid_seq_cp_replaces_the_destination(unified: bool) -> None:
     b.add(20, 4, [1], True)
     ctx.decode(b)
     assert ctx.logits()[0].tolist() == ctx.logits()[1].tolist()
+
+
+def test_hybrid_seq_rm_of_an_unknown_sequence_answers_false() -> None:
+    """seq_rm(3, 0, 3) with n_seq_max = 3 raised IndexError in split mode (found with the
+    hybrid's own range check, before it was merged)."""
+    ctx = context("granitehybrid", unified=False)
+    assert ctx.memory.seq_rm(3, 0, 3) is False
