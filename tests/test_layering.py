@@ -39,3 +39,44 @@ def test_commands_use_only_the_public_api() -> None:
         if name.startswith("kvtool.") and not name.startswith("kvtool.commands")
     ]
     assert bad == []
+
+
+def memory_attributes(path: Path) -> list[tuple[int, str]]:
+    """(line, attribute) read off a context's memory (`x.memory.attr`, or `m.attr` where
+    `m = x.memory`): what a command asks of the memory object."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    aliases = {
+        t.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "memory"
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        v = node.value
+        if (isinstance(v, ast.Attribute) and v.attr == "memory") or (
+            isinstance(v, ast.Name) and v.id in aliases
+        ):
+            out.append((node.lineno, node.attr))
+    return out
+
+
+def test_commands_use_only_the_memory_contract() -> None:
+    """`ctx.memory` is public as its contract (kvtool.memory.base.Memory: the seq ops, the
+    position queries...); its cells and tensors are the engine's (defrag-sim's replay used to
+    write them)."""
+    from kvtool.memory.base import Memory
+
+    contract = {n for n in dir(Memory) if not n.startswith("_")}
+    bad = [
+        (str(p.relative_to(ROOT)), line, attr)
+        for p in sorted((ROOT / "commands").rglob("*.py"))
+        for line, attr in memory_attributes(p)
+        if attr not in contract
+    ]
+    assert bad == []

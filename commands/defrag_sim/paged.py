@@ -9,6 +9,7 @@ from collections import deque
 
 import numpy as np
 
+from kvtool.commands.defrag_sim.held import INF, Held
 from kvtool.commands.defrag_sim.policies import Policy
 from kvtool.commands.defrag_sim.series import Stats, Track
 
@@ -29,6 +30,7 @@ class PagedStream:
         self.compacted_at: list[int] = []
         self._used = 0
         self._n_pages = 0
+        self.held = Held()  # each sequence's positions (what a partial removal takes)
 
     def _report(self, t: int) -> None:
         self.track.set(t, self._used, self._n_pages * self.ps)
@@ -62,13 +64,15 @@ class PagedStream:
         """One ubatch of (seq, first pos, n_tokens); returns the sequences that found no pages."""
         dropped: list[int] = []
         if sum(self._need(s, n) for s, _, n in parts) <= len(self.free_pages):
-            for s, _, n in parts:
+            for s, p, n in parts:
                 self._take(s, n)
+                self.held.add(s, p, n)
         else:
             self.stats.failed_allocs += 1
-            for s, _, n in parts:
+            for s, p, n in parts:
                 if self._need(s, n) <= len(self.free_pages):
                     self._take(s, n)
+                    self.held.add(s, p, n)
                 else:
                     dropped.append(s)
         self._report(t)
@@ -91,16 +95,23 @@ class PagedStream:
         for i in ii[done].tolist():
             self.pages.setdefault(seqs[i], []).append(self.free_pages.popleft())
         self.ntok[seqs] += j
+        for s in seqs:
+            self.held.add(s, int(pos[s]), j)
         used = self._used + n * (np.arange(j) + 1)
         pages = self._n_pages + np.cumsum(np.bincount(jj[done], minlength=j))
         self._used, self._n_pages = int(used[-1]), int(pages[-1])
         self.track.steps(t, used, pages * self.ps)
         return j
 
-    def free(self, t: int, seq: int) -> None:
+    def free(self, t: int, seq: int, lo: int = 0, hi: int = INF) -> None:
+        """seq_rm(seq, lo, hi): the sequence keeps the pages its remaining tokens need."""
+        n = self.held.remove(seq, lo, hi)
         pl = self.pages.pop(seq, [])
-        self.free_pages.extend(pl)
-        self._used -= int(self.ntok[seq])
-        self._n_pages -= len(pl)
-        self.ntok[seq] = 0
+        self._used -= n
+        self.ntok[seq] -= n
+        keep = -(-int(self.ntok[seq]) // self.ps)
+        if keep:
+            self.pages[seq] = pl[:keep]
+        self.free_pages.extend(pl[keep:])
+        self._n_pages -= len(pl) - keep
         self._report(t)

@@ -21,6 +21,7 @@ from kvtool.commands.defrag_sim.series import Stats, Track
 from kvtool.commands.defrag_sim.slots import contiguous_slots_near, first_free_near
 
 EMPTY = KVCells.EMPTY
+INF = 2**31 - 1  # an open upper bound of a position range
 BITS = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))  # sequence id -> its bit
 
 
@@ -180,12 +181,18 @@ class CellStream:
         return j
 
     # -- sequence ops ---------------------------------------------------------------------------
-    def free(self, t: int, seq: int) -> None:
-        """seq_rm(seq, -1, -1) on the sequence's own cells (KVCells.seq_rm's semantics)."""
+    def free(self, t: int, seq: int, lo: int = 0, hi: int = INF) -> None:
+        """seq_rm(seq, lo, hi) on the sequence's own cells (KVCells.seq_rm's semantics)."""
         w = self.where.pop(seq, None)
         if w:
             c = self.cells
             idx = np.concatenate(w)
+            if (lo, hi) != (0, INF):  # a range: the sequence keeps its other cells
+                p = c.pos[idx]
+                hit = (p >= lo) & (p < hi)
+                if not hit.all():
+                    self.where[seq] = [idx[~hit]]
+                idx = idx[hit]
             c.seq[idx] &= ~BITS[seq]
             gone = idx[c.seq[idx] == 0]
             if len(gone):
@@ -199,11 +206,13 @@ class CellStream:
                     self.span = int(u[-1]) + 1 if len(u) else 0
         self._report(t)
 
-    def share(self, t: int, src: int, dst: int) -> None:
-        """seq_cp inside one stream: the cells gain the sequence (metadata only)."""
+    def share(self, t: int, src: int, dst: int, lo: int = 0, hi: int = INF) -> None:
+        """seq_cp(src, dst, lo, hi) inside one stream: the cells gain the sequence (metadata only)."""
         w = self.where.get(src)
         if w:
             idx = np.concatenate(w)
+            p = self.cells.pos[idx]
+            idx = idx[(p >= lo) & (p < hi)]
             self.cells.seq[idx] |= BITS[dst]
             self.where.setdefault(dst, []).append(idx)
         self._report(t)

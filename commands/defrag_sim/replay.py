@@ -1,14 +1,22 @@
 """`defrag-sim --replay`: the planned moves of a simulated workload, run by the engine on a real
-KV cache of a model.
+KV cache of a model, through the engine's public API only.
 
-The cache gets the cells of the first stream that a compacting policy compacted, as they were
-just before that compaction (positions and sequences), with seeded random K/V rows (the cells'
-tokens were never decoded: the check is about moving rows, not about what they hold). Every
-sequence then decodes one query token, the engine compacts (`Context.update(optimize=True)`,
-the planner's passes over every layer's K and V), and the same queries are decoded again.
-Attention sums over the cells in cell order, holes included, so the logits after compaction are
-compared bit for bit with a copy of the cache moved cell by cell to the same layout, and within
-float noise with the logits before."""
+The cells of the first stream that a compacting policy compacted, as they were just before
+that compaction (positions and sequences), are built in a real cache by decoding: a filler
+sequence first takes every cell (cell i at position i); then, in groups, the cells to place are
+freed from the filler and one decode places the group's tokens, each as a scratch sequence of
+its own at its cell's position (the slot search takes the freed cells lowest first, in batch
+order), shared into the cell's sequences (`seq_cp`, metadata only in one stream) before the
+scratch is removed; the filler goes last and leaves the holes. A token's K/V rows are what it
+computes alone at its position (the check is about moving rows, not about what they hold).
+
+Every sequence then decodes one query token, the engine compacts (`Context.update(optimize=True)`,
+the planner's passes over every layer's K and V), and the same queries are decoded again. The
+reference is a second cache built by the same decodes with each token placed in its cell after
+compaction (the planner's moves, `kvtool.plan_defrag`): the logits after compaction must equal
+its logits bit for bit, and those before within float noise (attention sums over the cells in
+cell order, holes included, so a different layout rounds differently).
+"""
 
 from __future__ import annotations
 
@@ -20,7 +28,9 @@ import torch
 import kvtool
 from kvtool import KVCells
 
-MAX_CELLS = 8192  # a real cache of a real model: K/V for every layer
+MAX_CELLS = 8192  # a real cache of a real model
+FILLER = 63  # the sequence id that holds every cell while the loader places tokens
+GROUP = 48  # tokens per loading decode, at most
 
 
 @dataclass(frozen=True)
@@ -28,20 +38,63 @@ class ReplayResult:
     n_cells: int  # cells in use
     n_moves: int
     n_passes: int
-    bitwise: bool  # after compaction == the same cells moved one by one
+    bitwise: bool  # after compaction == a cache built in the compacted layout
     max_diff: float  # after compaction vs before
 
 
-def _load(ctx: kvtool.Context, cells: KVCells, seed: int) -> None:
+def _context(model: kvtool.Model, size: int, max_moves: int) -> kvtool.Context:
+    p = kvtool.ContextParams(
+        n_ctx=size, n_ubatch=64, n_seq_max=64, kv_unified=True, defrag_max_moves=max_moves
+    )
+    return kvtool.Context(model, p)
+
+
+def _fill(ctx: kvtool.Context) -> None:
+    """The filler takes every cell, cell i at position i."""
+    n = ctx.n_ctx
+    for p0 in range(0, n, 2048):
+        ids = [1] * min(2048, n - p0)
+        ctx.decode(kvtool.Batch.from_tokens(ids, FILLER, p0, logits="none"))
+
+
+def _load(ctx: kvtool.Context, groups: list[list[tuple[int, int, int]]]) -> None:
+    """Places each group's (cell, pos, sequence bits) tokens in one decode: their cells are
+    freed from the filler, and the slot search takes the free cells from the lowest (the head
+    falls back to the lowest freed cell), in the batch's order: cells ascending. Each token is a
+    scratch sequence of its own (an empty sequence starts anywhere; ids the cells do not use),
+    then shared into its cell's sequences and the scratch removed (metadata only, one stream)."""
     mem = ctx.memory
-    c = mem.cells[0]  # type: ignore[attr-defined]
-    n = cells.size  # the context may have padded its stream: the rest stays empty
-    c.pos[:n], c.seq[:n] = cells.pos, cells.seq
-    c.head = cells.head
-    used = torch.from_numpy(c.pos != KVCells.EMPTY)
-    g = torch.Generator().manual_seed(seed)
-    for t in (*mem.k.values(), *mem.v.values()):  # type: ignore[attr-defined]
-        t[0][used] = (torch.randn(t[0][used].shape, generator=g) * 0.5).to(t.dtype)
+    used = set()
+    for g in groups:
+        for _, _, bits in g:
+            used |= {s for s in range(FILLER) if bits >> s & 1}
+    scratch = [s for s in range(FILLER) if s not in used]
+    _fill(ctx)
+    for group in groups:
+        b = kvtool.Batch()
+        for k, (cell, pos, bits) in enumerate(group):
+            mem.seq_rm(FILLER, cell, cell + 1)
+            b.add(1 + (pos * 7919 + bits * 104729) % (ctx.model.n_vocab - 1), pos, [scratch[k]], False)
+        ctx.decode(b)
+        for k, (_, _, bits) in enumerate(group):
+            for s in range(FILLER):
+                if bits >> s & 1:
+                    mem.seq_cp(scratch[k], s, -1, -1)
+            mem.seq_rm(scratch[k], -1, -1)
+    mem.seq_rm(FILLER, -1, -1)
+
+
+def _groups(cells: KVCells, where: np.ndarray, n: int) -> list[list[tuple[int, int, int, int]]]:
+    """The used cells (cell, its cell after compaction, pos, sequence bits) in order, at most n
+    per group, each group ascending after compaction too (the planner keeps the order of the
+    cells that stay and of those that move, so a group breaks where the two meet)."""
+    groups: list[list[tuple[int, int, int, int]]] = []
+    for i in np.flatnonzero(cells.pos != KVCells.EMPTY).tolist():
+        tok = (i, int(where[i]), int(cells.pos[i]), int(cells.seq[i]))
+        if not groups or len(groups[-1]) == n or tok[1] < groups[-1][-1][1]:
+            groups.append([])
+        groups[-1].append(tok)
+    return groups
 
 
 def _queries(ctx: kvtool.Context, seqs: list[int]) -> torch.Tensor:
@@ -55,30 +108,25 @@ def _queries(ctx: kvtool.Context, seqs: list[int]) -> torch.Tensor:
     return out
 
 
-def replay(model: kvtool.Model, cells: KVCells, max_moves: int, seed: int = 0) -> ReplayResult:
+def replay(model: kvtool.Model, cells: KVCells, max_moves: int) -> ReplayResult:
     """Runs the compaction of `cells` on a cache of `model`; see the module docstring."""
-    n_seq = max(cells.seq_ids()) + 1
-    p = kvtool.ContextParams(
-        n_ctx=cells.size, n_ubatch=64, n_seq_max=n_seq, kv_unified=True, defrag_max_moves=max_moves
-    )
-    ctx, ref = kvtool.Context(model, p), kvtool.Context(model, p)
-    _load(ctx, cells, seed)
-    _load(ref, cells, seed)
     seqs = cells.seq_ids()
-    before = _queries(ctx, seqs)
-    plan = kvtool.plan_defrag(ctx.memory.cells[0], max_moves)  # type: ignore[attr-defined]
-    ctx.update(optimize=True)
-    after = _queries(ctx, seqs)
-    # the reference executor: every cell on its own, in every layer's K and V, and its metadata
-    rc = ref.memory.cells[0]  # type: ignore[attr-defined]
+    n_scratch = min(GROUP, FILLER - len(seqs))
+    if FILLER in seqs or n_scratch < 1:
+        raise kvtool.KvtoolError("--replay: the stream uses every sequence id: it cannot be rebuilt")
+    plan = kvtool.plan_defrag(cells, max_moves)
+    where = np.arange(cells.size)  # cell -> its cell after compaction
     for moves in plan.passes:
         for src, dst, n in moves.tolist():
-            for i in range(n):
-                for t in (*ref.memory.k.values(), *ref.memory.v.values()):  # type: ignore[attr-defined]
-                    t[0, dst + i] = t[0, src + i]
-                rc.pos[dst + i], rc.seq[dst + i] = rc.pos[src + i], rc.seq[src + i]
-                rc.pos[src + i], rc.seq[src + i] = KVCells.EMPTY, 0
-    rc.head = ctx.memory.cells[0].head  # type: ignore[attr-defined]
+            where[src : src + n] = np.arange(dst, dst + n)
+    groups = _groups(cells, where, n_scratch)
+    ctx, ref = _context(model, cells.size, max_moves), _context(model, cells.size, max_moves)
+    _load(ctx, [[(c, p, b) for c, _, p, b in g] for g in groups])
+    # the same decodes, each token in its cell after compaction: the same K/V rows, moved
+    _load(ref, [[(w, p, b) for _, w, p, b in g] for g in groups])
+    before = _queries(ctx, seqs)
+    ctx.update(optimize=True)
+    after = _queries(ctx, seqs)
     moved = _queries(ref, seqs)
     return ReplayResult(
         int(np.count_nonzero(cells.pos != KVCells.EMPTY)),

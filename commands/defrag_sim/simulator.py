@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvtool import KVCells
+from kvtool.commands.defrag_sim.held import Held, pos_range
 from kvtool.commands.defrag_sim.paged import PagedStream
 from kvtool.commands.defrag_sim.policies import CellStream, Policy
 from kvtool.commands.defrag_sim.series import Series, Stats
@@ -105,10 +106,11 @@ def simulate(
 
 
 def split_ops(w: Workload) -> list[list[Op]]:
-    """Each sequence's own ops, for its own stream; a copy becomes an allocation of the
-    source's length at that time (as the workload defines it, before any drop)."""
+    """Each sequence's own ops, for its own stream; a copy becomes an allocation of as many
+    tokens as the source holds in the copied range at that time (as the workload defines it,
+    before any drop)."""
     per: list[list[Op]] = [[] for _ in range(w.n_seq)]
-    n = [0] * w.n_seq  # each sequence's length in the workload
+    held = Held()  # each sequence's positions in the workload
 
     def add_run(s: int, t: int, k: int) -> None:
         last = per[s][-1] if per[s] else None
@@ -116,23 +118,23 @@ def split_ops(w: Workload) -> list[list[Op]]:
             per[s][-1] = Run(last.t, (s,), last.k + k)
         else:
             per[s].append(Run(t, (s,), k))
-        n[s] += k
+        held.append(s, k)
 
     for op in w.ops:
         if isinstance(op, Free):
             per[op.seq].append(op)
-            n[op.seq] = 0
+            held.remove(op.seq, *pos_range(op.p0, op.p1))
         elif isinstance(op, Copy):
-            if n[op.src]:
-                per[op.seq].append(Decode(op.t, ((op.seq, n[op.src]),)))
-            n[op.seq] = n[op.src]
+            n = held.copy(op.src, op.seq, *pos_range(op.p0, op.p1))
+            if n:
+                per[op.seq].append(Decode(op.t, ((op.seq, n),)))
         elif isinstance(op, Decode):
             for s, k in op.parts:
                 if k == 1:
                     add_run(s, op.t, 1)
                 else:
                     per[s].append(Decode(op.t, ((s, k),)))
-                    n[s] += k
+                    held.append(s, k)
         else:
             for s in op.seqs:
                 add_run(s, op.t, op.k)
@@ -173,15 +175,22 @@ def _replay(
             cell_map[i_map] = st.owners()
             i_map += 1
         if isinstance(op, Free):
-            dropped.discard(op.seq)
-            st.free(op.t, op.seq)
-            pos[op.seq] = 0
+            lo, hi = pos_range(op.p0, op.p1)
+            st.free(op.t, op.seq, lo, hi)
+            if op.whole:
+                dropped.discard(op.seq)
+                pos[op.seq] = 0
+            elif hi >= pos[op.seq]:  # the tail went: the sequence continues where it was cut
+                pos[op.seq] = min(int(pos[op.seq]), lo)
         elif isinstance(op, Copy):
-            pos[op.seq] = pos[op.src]
+            lo, hi = pos_range(op.p0, op.p1)
+            pos[op.seq] = pos[op.src] if op.whole else max(pos[op.seq], min(int(pos[op.src]), hi))
             if op.src not in dropped and op.seq not in dropped and isinstance(st, CellStream):
-                st.share(op.t, op.src, op.seq)
-            elif op.src not in dropped and pos[op.src]:  # paged: the copy takes its own pages
-                drop(op.t, st.place(op.t, [(op.seq, 0, int(pos[op.src]))]))
+                st.share(op.t, op.src, op.seq, lo, hi)
+            elif op.src not in dropped and isinstance(st, PagedStream):  # the copy takes its own pages
+                n = st.held.count(op.src, lo, hi)
+                if n:
+                    drop(op.t, st.place(op.t, [(op.seq, int(pos[op.seq]) - n, n)]))
         elif isinstance(op, Decode):
             place(op.t, list(op.parts))
         else:

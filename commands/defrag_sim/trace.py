@@ -6,7 +6,9 @@ other line is one event at a decode step:
 `{"step": t, "event": "alloc", "seq": s, "stream": i, "pos": p0, "n_tokens": n}` (the
 sequence's tokens placed by step t's decode, in batch order), `{"step": t, "event": "free",
 "seq": s, "stream": i}` (seq_rm(s, -1, -1) before step t) or `{"step": t, "event": "copy",
-"src": a, "seq": s, "stream": i}` (seq_cp(a, s, -1, -1) before step t).
+"src": a, "seq": s, "stream": i}` (seq_cp(a, s, -1, -1) before step t). A removal or copy of a
+range of positions adds `"p0"` and `"p1"` (seq_rm(s, p0, p1); negative bounds are open), and
+a removal from every sequence (seq_rm(-1, ...)) is one `free` per sequence.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class TraceRecorder:
         except OSError as e:
             raise KvtoolError(f"cannot write the trace {path}: {e.strerror}") from None
         self._unified = ctx.params.kv_unified
+        self._n_seq = ctx.params.n_seq_max
         self.step = 0
         self._write(
             {
@@ -64,13 +67,18 @@ class TraceRecorder:
             self._event("alloc", s, pos=p0, n_tokens=n)
         self.step += 1
 
-    def removed(self, seq: int, p0: int, p1: int) -> None:
-        if p0 > 0 or p1 >= 0:
-            raise ValueError("the trace records whole-sequence removals only")
-        self._event("free", seq)
+    @staticmethod
+    def _range(p0: int, p1: int) -> dict[str, int]:
+        """The range's fields, none for the whole sequence."""
+        return {} if p0 <= 0 and p1 < 0 else {"p0": max(p0, -1), "p1": max(p1, -1)}
 
-    def copied(self, src: int, dst: int) -> None:
-        self._event("copy", dst, src=src)
+    def removed(self, seq: int, p0: int, p1: int) -> None:
+        """seq_rm(seq, p0, p1) succeeded (seq < 0: every sequence)."""
+        for s in range(self._n_seq) if seq < 0 else [seq]:
+            self._event("free", s, **self._range(p0, p1))
+
+    def copied(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        self._event("copy", dst, src=src, **self._range(p0, p1))
 
     def wrap(self, ctx: Context) -> Context:
         """A view of `ctx` whose decode and memory seq_rm/seq_cp are recorded."""
@@ -92,7 +100,7 @@ class _TracedMemory:
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         self._m.seq_cp(src, dst, p0, p1)
-        self._rec.copied(src, dst)
+        self._rec.copied(src, dst, p0, p1)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._m, name)
@@ -156,10 +164,15 @@ def read_trace(path: Path) -> tuple[Workload, dict[str, Any]]:
                 started.add(seq)
                 parts.append((seq, n))
             elif kind == "free":
-                started.discard(seq)
-                ops.append(Free(t, seq))
+                free = Free(t, seq, int(ev.get("p0", -1)), int(ev.get("p1", -1)))
+                if free.whole:
+                    started.discard(seq)
+                ops.append(free)
             elif kind == "copy":
-                ops.append(Copy(t, int(ev["src"]), seq))
+                src = int(ev["src"])
+                if not 0 <= src < header["n_seq"]:
+                    raise ValueError("src must be below n_seq")
+                ops.append(Copy(t, src, seq, int(ev.get("p0", -1)), int(ev.get("p1", -1))))
             else:
                 raise ValueError(f"unknown event '{kind}'")
         except (KeyError, TypeError, ValueError) as e:

@@ -2,8 +2,9 @@
 
 An op happens at a decode step `t` (steps count decodes only; idle time is skipped):
 
-- `Free(t, seq)`: the sequence's cells are freed before step t's decode (seq_rm(seq, -1, -1)).
-- `Copy(t, src, seq)`: seq_cp(src, seq, -1, -1) before step t's decode.
+- `Free(t, seq, p0, p1)`: seq_rm(seq, p0, p1) before step t's decode (by default p0 = p1 = -1:
+  every cell of the sequence).
+- `Copy(t, src, seq, p0, p1)`: seq_cp(src, seq, p0, p1) before step t's decode.
 - `Decode(t, parts)`: step t decodes `parts`, (seq, n_tokens) in batch order.
 - `Run(t, seqs, k)`: steps t .. t+k-1 each decode one token of every sequence in `seqs`
   (generation between two request boundaries: one op instead of k).
@@ -25,6 +26,12 @@ import numpy as np
 class Free:
     t: int
     seq: int
+    p0: int = -1  # a range [p0, p1) of positions; negative bounds are open
+    p1: int = -1
+
+    @property
+    def whole(self) -> bool:
+        return self.p0 <= 0 and self.p1 < 0
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,12 @@ class Copy:
     t: int
     src: int
     seq: int
+    p0: int = -1
+    p1: int = -1
+
+    @property
+    def whole(self) -> bool:
+        return self.p0 <= 0 and self.p1 < 0
 
 
 @dataclass(frozen=True)

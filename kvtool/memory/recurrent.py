@@ -260,11 +260,15 @@ class RecurrentMemory(PartBatches, SeqOps):
             return keep
         if isinstance(op, SeqAdd | SeqDiv):
             self._check_seq(op.seq_id)
+            if isinstance(op, SeqDiv) and op.d < 1:
+                raise MemoryRefused(f"seq_div needs a divisor >= 1, got {op.d}")
             lo, hi = pos_range(op.p0, op.p1)
             seq, p = op.seq_id, int(cells.pos[op.seq_id])
             if lo == hi or not cells.has(seq) or not lo <= p < hi:
                 return lambda: None
             if isinstance(op, SeqAdd):
+                if p + op.delta < 0:  # as KV cells pushed below position 0: the state is freed
+                    return lambda: cells.detach(seq)
                 return lambda: cells.pos.__setitem__(seq, p + op.delta)
 
             def div() -> None:
