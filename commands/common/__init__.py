@@ -80,6 +80,7 @@ NglOpt = Annotated[
         "--gpu-layers",
         "--n-gpu-layers",
         help="llama.cpp's GPU layers: N > 0 computes on the GPU (kvtool does not split), 0 on the CPU.",
+        callback=values.bounds(0),
     ),
 ]
 WeightsOpt = Annotated[

@@ -16,7 +16,7 @@ from kvtool.commands import _register, app
 from kvtool.commands.common.values import bounds
 from tests.helpers.cli import kvtool_cli
 
-CTX = {"-c": ["-1"], "-b": ["0", "-1"], "-ub": ["0"], "-t": ["0", "-1"]}
+CTX = {"-c": ["-1"], "-b": ["0", "-1"], "-ub": ["0"], "-t": ["0", "-1"], "-ngl": ["-1"]}
 SAMPLER = {
     "--temp": ["nan", "inf", "-inf"],
     "--top-k": ["-1"],
@@ -48,7 +48,14 @@ TABLE: dict[tuple[str, ...], dict[str, list[str]]] = {
         "--timeout": ["0", "-1", "nan"],
         "--defrag-thold": ["1"],
     },
-    ("bench",): {"-r": ["0"], "-b": ["0", "1,0"], "-ub": ["0"], "-t": ["0", "2,0"], "-p": ["-1"]},
+    ("bench",): {
+        "-ngl": ["-1"],
+        "-r": ["0"],
+        "-b": ["0", "1,0"],
+        "-ub": ["0"],
+        "-t": ["0", "2,0"],
+        "-p": ["-1"],
+    },
     ("batched-bench",): {**CTX, "-npl": ["0"], "-npp": ["-1"], "-ntg": ["-1"]},
     ("defrag-sim",): {
         "--clients": ["0", "65"],
