@@ -55,6 +55,14 @@ def _register() -> None:
     from kvtool.commands import batched_bench, bench, defrag_sim, models, parallel, run, state  # noqa: F401
 
 
+def _os_error(e: OSError) -> str:
+    """One line for an OSError: the path (shortened when absurdly long) and the system's words."""
+    name = "" if e.filename is None else str(e.filename)
+    if len(name) > 120:
+        name = f"{name[:60]}...{name[-40:]} ({len(name)} characters)"
+    return f"{name}: {e.strerror or e}" if name else str(e.strerror or e)
+
+
 def main() -> None:
     """Console entry point: user errors are one line on stderr and exit code 2."""
     _register()
@@ -79,6 +87,9 @@ def main() -> None:
         sys.exit(e.exit_code)
     except KvtoolError as e:
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # the system refused a path the user gave (too long, a file as folder...)
+        print(f"error: {_os_error(e)}", file=sys.stderr)
         sys.exit(2)
     except (KeyboardInterrupt, typer.Abort):
         print(file=sys.stderr)

@@ -225,7 +225,7 @@ def list_store(
     store: Annotated[Path, typer.Option("--store", help="A conversation store (SQLite file).")],
 ) -> None:
     """List the conversations of a store: name, model, tokens, messages, size, last save."""
-    if not store.is_file():
+    if not store.exists():  # list, never create: ConversationStore refuses what is no store
         raise kvtool.StateError(f"no conversation store {store}")
     with kvtool.ConversationStore(store) as db:
         rows = db.list()
