@@ -439,4 +439,4 @@ def test_a_binary_trace_is_an_error_line(files: Files, worker: Worker) -> None:
     """defrag-sim --trace on a file that is not UTF-8 text (was a UnicodeDecodeError)."""
     res = worker.run(["defrag-sim", "--policy", "paged", "--trace", files.binary])
     assert problem(res) is None and res["rc"] == 2
-    assert "not a kvtool trace" in res["err"]
+    assert "is not a trace" in res["err"]

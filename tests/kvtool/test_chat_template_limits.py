@@ -127,5 +127,7 @@ def test_a_hostile_gguf_template_is_one_error_line(
     with monkeypatch.context() as m:
         m.setattr(gguf.GGUFWriter, "add_name", add_name_and_template)
         model = write_tiny_llama(tmp_path / "hostile.gguf")
-    r = kvtool_cli(monkeypatch, capsys, "run", "-m", str(model), "--jinja", "-p", "hi", "-n", "2")
+    r = kvtool_cli(
+        monkeypatch, capsys, "run", "-m", str(model), "--jinja", "-p", "hi", "-n", "2", "-c", "512"
+    )
     assert "builds a 'center' result larger than" in r.one_error_line()

@@ -96,7 +96,9 @@ def test_an_empty_prompt_without_bos_is_one_line(
 ) -> None:
     (tmp_path / "empty.txt").write_bytes(b"")
     how = [str(tmp_path / "empty.txt") if a == "EMPTY" else a for a in how]
-    r = kvtool_cli(monkeypatch, capsys, "run", "-m", str(no_bos_model), *how, "--no-chat", "-n", "2")
+    r = kvtool_cli(
+        monkeypatch, capsys, "run", "-m", str(no_bos_model), *how, "--no-chat", "-n", "2", "-c", "512"
+    )
     assert "input is empty" in r.one_error_line()
 
 
