@@ -151,7 +151,7 @@ def main() -> None:
 
         def ll_par() -> None:
             p = subprocess.run(
-                [lp, "-m", gguf, "-np", "8", "-ns", "32", "-n", "64", "-t", t, "-c", "8192", "-cb"],
+                [lp, "-m", gguf, "-np", "8", "-ns", "32", "-n", "64", "-t", t, "-c", "8192"],
                 capture_output=True,
                 text=True,
             )
