@@ -11,7 +11,7 @@ Measures: tg128 and pp512 (`bench`), S_TG of `batched-bench` at PP 128 / TG 128 
 run as a program, and is not a dependency of kvtool.
 
 On parallel: llama-parallel's system transcript (about 300 tokens) is compiled into it; kvtool's
-is shorter, so kvtool gets enough filler turns (`-j`) that its mean prompt length per request
+is shorter, so kvtool gets enough filler turns (`--junk`) that its mean prompt length per request
 reaches llama-parallel's, which the table shows beside the speeds.
 """
 
@@ -177,7 +177,7 @@ def main() -> None:
                 "8192",
             ]
             out = Path("/tmp/kvtool-vs-llama-parallel.json")
-            run([*cmd, "-j", str(junk), "--no-progress", "--json", str(out)])
+            run([*cmd, "--junk", str(junk), "--no-progress", "--json", str(out)])
             s = json.loads(out.read_text())
             par.kvtool.append(float(s["speed_total"]))
             shape["kvtool"].append(int(s["n_prompt"]) // 32)
