@@ -193,7 +193,7 @@ def main() -> None:
         alternate(max(a.rounds - 1, 0), kv_par, ll_par)
         par.note = (
             f"prompt tokens per request: llama.cpp {statistics.median(shape['llama']):.0f}, "
-            f"kvtool {statistics.median(shape['kvtool']):.0f} (-j {junk})"
+            f"kvtool {statistics.median(shape['kvtool']):.0f} (--junk {junk})"
         )
         rows.append(par)
 
