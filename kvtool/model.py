@@ -18,7 +18,8 @@ from kvtool.models import ARCHITECTURES
 from kvtool.models.device_file import on_device
 from kvtool.models.hparams import HParams
 from kvtool.models.hparams_check import check_model
-from kvtool.models.linear import check_weights_mode, weights_for_device
+from kvtool.models.linear import QUANT_MAX_ROWS, check_weights_mode, computes_natively, weights_for_device
+from kvtool.threads import torch_threads
 from kvtool.vocab import Vocab
 
 
@@ -52,6 +53,7 @@ class Model:
             raise ModelLoadError(f"{self.path.name}: missing or malformed {e}") from e
         self.use_chat_template(jinja=False)
         self.fingerprint = self.file.fingerprint()
+        self._native = self.device.type == "cpu" and computes_natively(self.file, weights, QUANT_MAX_ROWS)
 
     def use_chat_template(self, jinja: bool) -> None:
         """Chooses the chat template as llama.cpp does; jinja=True renders the GGUF's own (--jinja)."""
@@ -111,6 +113,9 @@ class Model:
         return self.impl.memory_spec()
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
+        if self._native and ub.n_tokens <= QUANT_MAX_ROWS:
+            with torch_threads(1):  # the compiled matmuls have their own threads
+                return self.impl.forward(ub, mctx)
         return self.impl.forward(ub, mctx)
 
 

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from kvtool.errors import ModelLoadError
-from kvtool.gguf_file import GGUFFile
+from kvtool.gguf_file import GGUFFile, TensorInfo
+from kvtool.kernels import qmatmul
 from kvtool.kernels.dequant import F32, dequantize
 from kvtool.kernels.int4pack import Int4Packed, int4_groups, int4_linear, n_planes_of, pack, packable
 
@@ -34,7 +35,7 @@ _DENSE_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 # AVX2 machine (SmolLM2's 30 layers of fused shapes, 1 thread, weights far beyond the caches):
 # packed/dense time 0.42 at 1 row, 0.56 at 8, 0.80 at 16, 1.06 at 24 (under a loaded machine,
 # so indicative: see docs/benchmarks.md).
-INT4_MAX_ROWS = 16
+QUANT_MAX_ROWS = 16
 
 
 class Linear(Protocol):
@@ -57,17 +58,36 @@ class DenseLinear:
         return F.linear(x.to(self.weight.dtype), self.weight, self.bias).float()
 
 
+def _quant_kernel(infos: Sequence[TensorInfo]) -> str | None:
+    """The kernel that computes these weights (one type, one width) stacked: "native" (the
+    compiled block matmul, kernels/qmatmul.c), "int4" (torch's int4pack) or None (keep dense)."""
+    alike = len({int(i.qtype) for i in infos}) == 1 and len({i.shape[1] for i in infos}) == 1
+    native = alike and len(infos) <= qmatmul.MAX_SEGS
+    native = native and all(qmatmul.supported(i.qtype, i.shape) for i in infos)
+    if native and qmatmul.available():
+        return "native"
+    if all(packable(i.qtype, i.shape) for i in infos) and len({n_planes_of(i.qtype) for i in infos}) == 1:
+        return "int4"
+    return None
+
+
 class QuantLinear:
-    """Weights kept in int4pack form, stacked along n_out when several share an input (one
-    matmul for Q, K and V); the dense float32 copy is built on the first many-row call."""
+    """Quantized weights stacked along n_out when several share an input (one matmul for Q, K
+    and V): the compiled block matmul over the file's bytes where it has the format, else
+    torch's int4pack; the dense float32 copy is built on the first many-row call."""
 
     def __init__(self, f: GGUFFile, names: Sequence[str], bias: torch.Tensor | None = None) -> None:
         self._file, self._names = f, list(names)
-        groups = []
-        for name in names:
-            info = f.tensor_info(name)
-            groups.append(int4_groups(f.tensor_bytes(name), info.qtype, info.shape))  # type: ignore[arg-type]
-        self.packed: Int4Packed = pack(*groups)
+        infos = [f.tensor_info(n) for n in names]
+        self.native: qmatmul.QWeight | None = None
+        self.packed: Int4Packed | None = None
+        if _quant_kernel(infos) == "native":
+            raws = [f.tensor_bytes(n) for n in names]
+            self.native = qmatmul.QWeight(raws, infos[0].qtype, [i.shape for i in infos])  # type: ignore[misc]
+        else:
+            raws = [f.tensor_bytes(n) for n in names]
+            groups = [int4_groups(r, i.qtype, i.shape) for r, i in zip(raws, infos, strict=True)]  # type: ignore[arg-type]
+            self.packed = pack(*groups)
         self.bias = bias
         self._dense: torch.Tensor | None = None
 
@@ -79,10 +99,23 @@ class QuantLinear:
         return self._dense
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > INT4_MAX_ROWS:
+        if x.shape[0] > QUANT_MAX_ROWS:
             return F.linear(x, self.dense(), self.bias)
-        y = int4_linear(x, self.packed)
+        if self.native is not None:
+            y = self.native(x)
+        else:
+            assert self.packed is not None
+            y = int4_linear(x, self.packed)
         return y + self.bias if self.bias is not None else y
+
+
+def computes_natively(f: GGUFFile, weights: str, n_rows: int) -> bool:
+    """Whether a ubatch of `n_rows` rows has its matmuls in the compiled kernel (any of the
+    file's matrices in one of its formats), which then computes on threads of its own."""
+    if weights != "auto" or n_rows > QUANT_MAX_ROWS or not qmatmul.available():
+        return False
+    infos = (f.tensor_info(n) for n in f.tensor_names())
+    return any(len(i.shape) == 2 and qmatmul.supported(i.qtype, i.shape) for i in infos)
 
 
 def check_weights_mode(weights: str) -> None:
@@ -102,8 +135,7 @@ def _dense(f: GGUFFile, name: str, weights: str) -> torch.Tensor:
 
 def load_linear(f: GGUFFile, name: str, weights: str, bias: torch.Tensor | None = None) -> Linear:
     """The linear layer for GGUF tensor `name` ([n_out, n_in] in numpy order)."""
-    info = f.tensor_info(name)
-    if weights == "auto" and packable(info.qtype, info.shape):
+    if weights == "auto" and _quant_kernel([f.tensor_info(name)]) is not None:
         return QuantLinear(f, [name], bias)
     return DenseLinear(_dense(f, name, weights), bias)
 
@@ -118,8 +150,7 @@ class LinearGroup:
     ) -> None:
         infos = [f.tensor_info(n) for n in names]
         self.sizes = [i.shape[0] for i in infos]
-        fuse = weights == "auto" and all(packable(i.qtype, i.shape) for i in infos)
-        fuse = fuse and len({n_planes_of(i.qtype) for i in infos}) == 1
+        fuse = weights == "auto" and _quant_kernel(infos) is not None
         self.fused: QuantLinear | None = None
         self.parts: list[Linear] = []
         if fuse:

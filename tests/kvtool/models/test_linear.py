@@ -16,8 +16,9 @@ from gguf.quants import quantize
 
 from kvtool.errors import ModelLoadError
 from kvtool.gguf_file import GGUFFile
+from kvtool.kernels import qmatmul
 from kvtool.models.linear import (
-    INT4_MAX_ROWS,
+    QUANT_MAX_ROWS,
     DenseLinear,
     Embedding,
     LinearGroup,
@@ -72,21 +73,37 @@ def test_few_rows_take_the_packed_path_many_rows_the_exact_dense_one(gguf_file: 
     lin = load_linear(gguf_file, "q", "auto")
     assert isinstance(lin, QuantLinear)
     w = exact(gguf_file, "q")
-    few = torch.randn(INT4_MAX_ROWS, N_IN)
+    few = torch.randn(QUANT_MAX_ROWS, N_IN)
     torch.testing.assert_close(lin(few), F.linear(few, w), rtol=0.02, atol=0.02)
-    many = torch.randn(INT4_MAX_ROWS + 1, N_IN)
+    many = torch.randn(QUANT_MAX_ROWS + 1, N_IN)
     assert torch.equal(lin(many), F.linear(many, w))  # dense float32, bit for bit
 
 
 def test_unmappable_weights_stay_dense(gguf_file: GGUFFile) -> None:
-    for name in ("odd", "f32"):
+    names = ("f32",) if qmatmul.available() else ("odd", "f32")  # int4pack needs n_out % 16 == 0
+    for name in names:
         lin = load_linear(gguf_file, name, "auto")
         assert isinstance(lin, DenseLinear) and torch.equal(lin.weight, exact(gguf_file, name))
     assert isinstance(load_linear(gguf_file, "q", "f32"), DenseLinear)
 
 
+@pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: the compiled kernel is not built")
+def test_the_compiled_kernel_takes_every_format_it_has(gguf_file: GGUFFile) -> None:
+    for name in ("q", "k", "v", "gate", "odd", "emb"):  # Q4_1, Q4_0, Q4_K, Q8_0, n_out 40, Q8_0
+        lin = load_linear(gguf_file, name, "auto")
+        assert isinstance(lin, QuantLinear) and lin.native is not None and lin.packed is None
+        w, info = exact(gguf_file, name), gguf_file.tensor_info(name)
+        x = torch.randn(3, w.shape[1])
+        y, want = lin(x), F.linear(x, w)
+        ref = qmatmul.qmatmul_ref(x, gguf_file.tensor_bytes(name), info.qtype, info.shape)
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+        assert float((y - want).abs().max()) < 0.02 * float(want.abs().max())  # 8-bit activations
+    up = load_linear(gguf_file, "up", "auto")  # Q5_0: no compiled kernel, int4pack
+    assert isinstance(up, QuantLinear) and up.native is None and up.packed is not None
+
+
 @pytest.mark.parametrize("names", [["q", "k"], ["gate", "up"]])
-@pytest.mark.parametrize("rows", [1, INT4_MAX_ROWS + 3])
+@pytest.mark.parametrize("rows", [1, QUANT_MAX_ROWS + 3])
 def test_a_group_splits_back_into_its_weights(gguf_file: GGUFFile, names: list[str], rows: int) -> None:
     group = LinearGroup(gguf_file, names, "auto", [None, torch.arange(WEIGHTS[names[1]][1]).float()])
     assert group.fused is not None  # same plane count: one stacked matmul
@@ -94,7 +111,7 @@ def test_a_group_splits_back_into_its_weights(gguf_file: GGUFFile, names: list[s
     outs = group(x)
     for out, name, bias in zip(outs, names, (None, torch.arange(WEIGHTS[names[1]][1]).float()), strict=True):
         want = F.linear(x, exact(gguf_file, name), bias)
-        if rows > INT4_MAX_ROWS:
+        if rows > QUANT_MAX_ROWS:
             torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)  # one GEMM over the stack
         else:
             torch.testing.assert_close(out, want, rtol=0.02, atol=0.02)

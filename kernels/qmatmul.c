@@ -1,0 +1,483 @@
+/* y = x @ W.T for W in GGUF block formats, computed as llama.cpp's CPU backend does: each row
+ * of x is quantized to 8 bits per block of 32 (scale = max|x| / 127), then whole blocks are
+ * integer dot products scaled by both blocks' scales. W stays in its file layout (the memory
+ * map), so a decoded token reads 4-8 bits per weight instead of 32.
+ *
+ * Formats: Q4_0 (d * (q - 8)), Q4_1 (d * q + m), Q8_0 (d * q), Q4_K (per 32-element sub-block
+ * d * sc * q - dmin * m). AVX2 when the compiler targets it, portable C otherwise; both give
+ * the same integer sums, and float sums that differ only in order.
+ *
+ * Threads: a small pool of its own (the caller computes one share); workers spin briefly, then
+ * sleep on a futex, so they cost nothing between tokens. kernels/qmatmul.py compiles this file
+ * for the machine it runs on and is its only caller; qmatmul_ref there is the specification. */
+
+#define _GNU_SOURCE /* syscall() */
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define KV_AVX2 1
+#endif
+
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8, T_Q4_K = 12 };
+#define QK 32
+#define QK_K 256
+
+/* ---------------------------------------------------------------- halves */
+static inline float half_to_float(uint16_t h) {
+#ifdef KV_AVX2
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: renormalize */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) {
+                man <<= 1;
+                exp--;
+            }
+            bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7F800000 | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+static inline float load_half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return half_to_float(h);
+}
+
+/* ---------------------------------------------------------------- activations */
+/* One row of k floats -> k int8 + per block: scale d and d * sum(q) (llama.cpp's q8_1). */
+static void quantize_row(const float *x, int64_t k, int8_t *q, float *d, float *s) {
+    for (int64_t b = 0; b < k / QK; b++) {
+        const float *xb = x + b * QK;
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float db = amax / 127.0f;
+        const float id = db != 0.0f ? 1.0f / db : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < QK; j++) {
+            const int v = (int)nearbyintf(xb[j] * id);
+            q[b * QK + j] = (int8_t)v;
+            sum += v;
+        }
+        d[b] = db;
+        s[b] = db * (float)sum;
+    }
+}
+
+/* ---------------------------------------------------------------- Q4_K scales */
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K super-block's 12 scale bytes. */
+static inline void k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* A format as 32-element units: unit u of a weight row has scale a, offset term c (added as
+ * c * s_x, with s_x = d_x * sum(q_x)), and integer values given by the decoder. */
+typedef struct {
+    int type;
+    int64_t row_bytes;
+} wfmt;
+
+/* ---------------------------------------------------------------- portable dot products */
+#ifndef KV_AVX2
+/* Integer dot of unit u of weight row w with 32 activation int8, plus its (a, c). */
+static inline int unit_dot_scalar(const wfmt *f, const uint8_t *w, int64_t u, const int8_t *qx, float *a,
+                                  float *c) {
+    int sum = 0;
+    switch (f->type) {
+    case T_Q4_0: {
+        const uint8_t *b = w + u * 18;
+        *a = load_half(b);
+        *c = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            sum += ((b[2 + j] & 0xF) - 8) * qx[j];
+            sum += ((b[2 + j] >> 4) - 8) * qx[j + 16];
+        }
+        break;
+    }
+    case T_Q4_1: {
+        const uint8_t *b = w + u * 20;
+        *a = load_half(b);
+        *c = load_half(b + 2);
+        for (int j = 0; j < 16; j++) {
+            sum += (b[4 + j] & 0xF) * qx[j];
+            sum += (b[4 + j] >> 4) * qx[j + 16];
+        }
+        break;
+    }
+    case T_Q8_0: {
+        const uint8_t *b = w + u * 34;
+        *a = load_half(b);
+        *c = 0.0f;
+        for (int j = 0; j < 32; j++) sum += (int8_t)b[2 + j] * qx[j];
+        break;
+    }
+    case T_Q4_K: {
+        const uint8_t *b = w + (u / 8) * 144;
+        const int j = (int)(u % 8);
+        uint8_t sc, m;
+        k_scale_min(j, b + 4, &sc, &m);
+        *a = load_half(b) * (float)sc;
+        *c = -load_half(b + 2) * (float)m;
+        const uint8_t *qs = b + 16 + (j / 2) * 32;
+        const int shift = (j % 2) * 4;
+        for (int i = 0; i < 32; i++) sum += ((qs[i] >> shift) & 0xF) * qx[i];
+        break;
+    }
+    }
+    return sum;
+}
+#endif
+
+/* ---------------------------------------------------------------- AVX2 dot products */
+#ifdef KV_AVX2
+static inline __m256i nibbles32(const uint8_t *p) { /* 16 bytes -> 32 values, low nibbles first */
+    const __m128i v = _mm_loadu_si128((const __m128i *)p);
+    const __m128i m = _mm_set1_epi8(0xF);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+
+/* Unsigned 0..255 weights times signed activations, summed to 8 int32 lanes as float. */
+static inline __m256 dot_u8_i8(__m256i w, __m256i x) {
+    const __m256i p = _mm256_maddubs_epi16(w, x);
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+/* Signed weights times signed activations (the sign moved onto the activations). */
+static inline __m256 dot_i8_i8(__m256i w, __m256i x) {
+    return dot_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#endif
+
+/* ---------------------------------------------------------------- one weight row, 4 x rows */
+#define NR 4 /* activation rows per pass over a weight row: its blocks are decoded once per pass */
+
+#define MAX_SEGS 8 /* weights stacked along n_out (Q, K and V share one call) */
+
+typedef struct {
+    wfmt f;
+    const uint8_t *w[MAX_SEGS];
+    int64_t seg_end[MAX_SEGS]; /* the first row past each weight */
+    int nseg;
+    int64_t n_out, k, n;
+    const int8_t *qx; /* [n, k] */
+    const float *dx, *sx; /* [n, k / 32] */
+    float *y;
+    int64_t ldy;
+    atomic_long next; /* next chunk of weight rows to take */
+    int64_t chunk;
+} job_t;
+
+/* y[r][o] for NR activation rows (x rows qx[r], dx[r], sx[r]); rows past `nr` are computed on
+ * duplicates and not stored, so the loop over r has a fixed length. */
+#ifdef KV_AVX2
+#define ROWS_NR(NAME, NRV, SIGNED, ...)                                                                  \
+    static void NAME(const uint8_t *w, int64_t nu, const int8_t *const *qx, const float *const *dx,        \
+                     const float *const *sx, float *out) {                                               \
+        __m256 acc[NRV];                                                                                  \
+        float off[NRV];                                                                                   \
+        for (int r = 0; r < NRV; r++) acc[r] = _mm256_setzero_ps(), off[r] = 0.0f;                         \
+        for (int64_t u = 0; u < nu; u++) {                                                               \
+            float a, c;                                                                                  \
+            __m256i wv;                                                                                  \
+            __VA_ARGS__                                                                                  \
+            const __m256i wabs = SIGNED ? _mm256_sign_epi8(wv, wv) : wv;                                 \
+            for (int r = 0; r < NRV; r++) {                                                               \
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(qx[r] + u * QK));                      \
+                if (SIGNED) xv = _mm256_sign_epi8(xv, wv);                                               \
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a * dx[r][u]), dot_u8_i8(wabs, xv), acc[r]);     \
+                if (!SIGNED) off[r] += c * sx[r][u];                                                     \
+            }                                                                                            \
+        }                                                                                                \
+        for (int r = 0; r < NRV; r++) out[r] = hsum(acc[r]) + off[r];                                     \
+    }
+
+#define ROWS_FN(NAME, SIGNED, ...)                                                                       \
+    ROWS_NR(NAME##_1, 1, SIGNED, __VA_ARGS__)                                                            \
+    ROWS_NR(NAME##_4, NR, SIGNED, __VA_ARGS__)
+
+ROWS_FN(rows_q4_0, 1, {
+    const uint8_t *b = w + u * 18;
+    a = load_half(b), c = 0.0f;
+    wv = _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
+})
+ROWS_FN(rows_q4_1, 0, {
+    const uint8_t *b = w + u * 20;
+    a = load_half(b), c = load_half(b + 2);
+    wv = nibbles32(b + 4);
+})
+ROWS_FN(rows_q8_0, 1, {
+    const uint8_t *b = w + u * 34;
+    a = load_half(b), c = 0.0f;
+    wv = _mm256_loadu_si256((const __m256i *)(b + 2));
+})
+ROWS_FN(rows_q4_k, 0, {
+    const uint8_t *b = w + (u / 8) * 144;
+    const int j = (int)(u % 8);
+    uint8_t sc, m;
+    k_scale_min(j, b + 4, &sc, &m);
+    a = load_half(b) * (float)sc, c = -load_half(b + 2) * (float)m;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + (j / 2) * 32));
+    wv = _mm256_and_si256((j % 2) ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0xF));
+})
+#else
+#define ROWS_FN(NAME, TYPE)                                                                              \
+    ROWS_SC(NAME##_1, 1, TYPE)                                                                           \
+    ROWS_SC(NAME##_4, NR, TYPE)
+#define ROWS_SC(NAME, NRV, TYPE)                                                                         \
+    static void NAME(const uint8_t *w, int64_t nu, const int8_t *const *qx, const float *const *dx,        \
+                     const float *const *sx, float *out) {                                               \
+        const wfmt f = {TYPE, 0};                                                                        \
+        for (int r = 0; r < NRV; r++) {                                                                  \
+            float acc = 0.0f, off = 0.0f;                                                                \
+            for (int64_t u = 0; u < nu; u++) {                                                           \
+                float a, c;                                                                              \
+                const int s = unit_dot_scalar(&f, w, u, qx[r] + u * QK, &a, &c);                         \
+                acc += a * dx[r][u] * (float)s;                                                          \
+                off += c * sx[r][u];                                                                     \
+            }                                                                                            \
+            out[r] = acc + off;                                                                          \
+        }                                                                                                \
+    }
+ROWS_FN(rows_q4_0, T_Q4_0)
+ROWS_FN(rows_q4_1, T_Q4_1)
+ROWS_FN(rows_q8_0, T_Q8_0)
+ROWS_FN(rows_q4_k, T_Q4_K)
+#endif
+
+typedef void (*rows_fn)(const uint8_t *, int64_t, const int8_t *const *, const float *const *,
+                        const float *const *, float *);
+
+static rows_fn rows_for(int type, int one) {
+    switch (type) {
+    case T_Q4_0: return one ? rows_q4_0_1 : rows_q4_0_4;
+    case T_Q4_1: return one ? rows_q4_1_1 : rows_q4_1_4;
+    case T_Q8_0: return one ? rows_q8_0_1 : rows_q8_0_4;
+    default: return one ? rows_q4_k_1 : rows_q4_k_4;
+    }
+}
+
+static void run_job(job_t *J) {
+    const rows_fn fn4 = rows_for(J->f.type, 0), fn1 = rows_for(J->f.type, 1);
+    const int64_t nu = J->k / QK;
+    for (;;) {
+        const int64_t o0 = atomic_fetch_add(&J->next, J->chunk);
+        if (o0 >= J->n_out) return;
+        const int64_t o1 = o0 + J->chunk < J->n_out ? o0 + J->chunk : J->n_out;
+        for (int64_t i0 = 0; i0 < J->n; i0 += NR) {
+            const int nr = J->n - i0 < NR ? (int)(J->n - i0) : NR;
+            const int8_t *qx[NR];
+            const float *dx[NR], *sx[NR];
+            for (int r = 0; r < NR; r++) {
+                const int64_t i = i0 + (r < nr ? r : 0);
+                qx[r] = J->qx + i * J->k, dx[r] = J->dx + i * nu, sx[r] = J->sx + i * nu;
+            }
+            int seg = 0;
+            for (int64_t o = o0; o < o1; o++) {
+                while (o >= J->seg_end[seg]) seg++;
+                const int64_t row = o - (seg ? J->seg_end[seg - 1] : 0);
+                float out[NR];
+                (nr == 1 ? fn1 : fn4)(J->w[seg] + row * J->f.row_bytes, nu, qx, dx, sx, out);
+                for (int r = 0; r < nr; r++) J->y[(i0 + r) * J->ldy + o] = out[r];
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- the pool */
+#define MAX_THREADS 256
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* one matmul at a time */
+static int g_n_threads = 1;                                /* the caller included */
+static int g_n_workers = 0;
+static atomic_int g_gen;      /* bumped for every job */
+static atomic_int g_pending;  /* workers still on the current job */
+static atomic_int g_sleeping; /* workers waiting on the futex */
+static job_t *volatile g_job;
+
+static void futex_wait(atomic_int *addr, int val) {
+#ifdef __linux__
+    syscall(SYS_futex, (int *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+#else
+    (void)addr;
+    (void)val;
+    sched_yield();
+#endif
+}
+
+static void futex_wake_all(atomic_int *addr) {
+#ifdef __linux__
+    syscall(SYS_futex, (int *)addr, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
+#else
+    (void)addr;
+#endif
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+#define SPIN 20000 /* pauses before sleeping: a few tens of microseconds */
+
+static void *worker(void *arg) {
+    int seen = (int)(intptr_t)arg; /* the generation when it was made: it waits for the next */
+    for (;;) {
+        int gen, spins = 0;
+        while ((gen = atomic_load(&g_gen)) == seen) {
+            if (++spins < SPIN) {
+                cpu_relax();
+            } else {
+                atomic_fetch_add(&g_sleeping, 1);
+                if (atomic_load(&g_gen) == seen) futex_wait(&g_gen, seen);
+                atomic_fetch_sub(&g_sleeping, 1);
+                spins = 0;
+            }
+        }
+        seen = gen;
+        run_job(g_job);
+        atomic_fetch_sub(&g_pending, 1);
+    }
+    return NULL;
+}
+
+static void after_fork_child(void) { /* the workers did not survive the fork */
+    g_n_workers = 0;
+    atomic_store(&g_pending, 0);
+    atomic_store(&g_sleeping, 0);
+    pthread_mutex_init(&g_lock, NULL);
+}
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static void init_once(void) { pthread_atfork(NULL, NULL, after_fork_child); }
+
+/* Threads (the caller included) that later calls use; returns the number set. */
+int kvq_set_threads(int n) {
+    pthread_once(&g_once, init_once);
+    if (n < 1) n = 1;
+    if (n > MAX_THREADS) n = MAX_THREADS;
+    pthread_mutex_lock(&g_lock);
+    g_n_threads = n;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+static void ensure_workers(int n) {
+    while (g_n_workers < n) {
+        pthread_t t;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &at, worker, (void *)(intptr_t)atomic_load(&g_gen)) != 0) {
+            pthread_attr_destroy(&at);
+            break;
+        }
+        pthread_attr_destroy(&at);
+        g_n_workers++;
+    }
+}
+
+/* ---------------------------------------------------------------- entry points */
+int kvq_supported(int type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0 || type == T_Q4_K; }
+
+int kvq_avx2(void) {
+#ifdef KV_AVX2
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* y = x @ W.T for x [n, k] float32 (rows ldx apart) and W the `nseg` weights ws[s] of
+ * seg_rows[s] rows each (GGUF blocks, `row_bytes` a row), stacked along n_out; y [n, n_out]
+ * float32 (rows ldy apart). k must be a multiple of 32 (of 256 for Q4_K). Returns 0, or -1 for
+ * a bad call. */
+int kvq_matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, int nseg, int64_t row_bytes,
+               int64_t k, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy) {
+    if (!kvq_supported(type) || k % (type == T_Q4_K ? QK_K : QK) || n < 0 || nseg < 1 || nseg > MAX_SEGS)
+        return -1;
+    job_t J = {.f = {type, row_bytes}, .nseg = nseg, .k = k, .n = n, .y = y, .ldy = ldy};
+    int64_t n_out = 0;
+    for (int s = 0; s < nseg; s++) {
+        if (seg_rows[s] < 0) return -1;
+        J.w[s] = ws[s];
+        n_out += seg_rows[s];
+        J.seg_end[s] = n_out;
+    }
+    J.n_out = n_out;
+    if (n == 0 || n_out == 0) return 0;
+    pthread_once(&g_once, init_once);
+    const int64_t nu = k / QK;
+    int8_t *qx = malloc((size_t)(n * k));
+    float *dx = malloc(sizeof(float) * (size_t)(n * nu)), *sx = malloc(sizeof(float) * (size_t)(n * nu));
+    if (!qx || !dx || !sx) {
+        free(qx), free(dx), free(sx);
+        return -1;
+    }
+    for (int64_t i = 0; i < n; i++) quantize_row(x + i * ldx, k, qx + i * k, dx + i * nu, sx + i * nu);
+
+    J.qx = qx, J.dx = dx, J.sx = sx;
+    pthread_mutex_lock(&g_lock);
+    const int nth = (int)(g_n_threads < n_out / 8 + 1 ? g_n_threads : n_out / 8 + 1);
+    /* chunks: several per thread, so a thread the OS delays costs little */
+    J.chunk = n_out / (nth * 8) > 4 ? n_out / (nth * 8) : 4;
+    atomic_store(&J.next, 0);
+    if (nth > 1) {
+        ensure_workers(nth - 1);
+    }
+    const int helpers = nth - 1 < g_n_workers ? nth - 1 : g_n_workers;
+    if (helpers > 0) {
+        /* every worker wakes per job; only `helpers` of them are counted and needed, the others
+         * find no chunk left and return at once */
+        g_job = &J;
+        atomic_store(&g_pending, g_n_workers);
+        atomic_fetch_add(&g_gen, 1);
+        if (atomic_load(&g_sleeping) > 0) futex_wake_all(&g_gen);
+        run_job(&J);
+        for (int spins = 0; atomic_load(&g_pending) > 0; spins++) {
+            if (spins < SPIN) cpu_relax();
+            else sched_yield(); /* a worker the OS parked: give it the core */
+        }
+    } else {
+        run_job(&J);
+    }
+    pthread_mutex_unlock(&g_lock);
+    free(qx), free(dx), free(sx);
+    return 0;
+}

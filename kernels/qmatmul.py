@@ -1,0 +1,190 @@
+"""Quantized matmul on CPU over GGUF blocks as they lie in the file (qmatmul.c, compiled here).
+
+y = x @ W.T the way llama.cpp's CPU backend computes it: each row of x is quantized to int8 per
+block of 32 (scale max|x| / 127, round half to even), each weight block's integer dot product
+with it is scaled by both scales, and an affine format's offset is added through the activation
+block's sum. `qmatmul_ref` is that specification in torch; the C kernel computes the same integer
+sums and differs only in the order of float additions.
+
+The C file is compiled once per machine (`cc -O3 -march=native`) into the user's cache, keyed
+by the source, the compiler and the CPU's flags, and loaded with ctypes; no compiler or a failed
+build means `available()` is False and callers keep another path. `KVTOOL_NATIVE=0` disables it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from kvtool.kernels.dequant import Q4_0, Q4_1, Q4_K, Q8_0, QK_K, dequantize
+
+_SRC = Path(__file__).with_name("qmatmul.c")
+# type id -> (elements per block, bytes per block)
+BLOCKS = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (QK_K, 144)}
+MAX_SEGS = 8  # weights one call stacks (qmatmul.c's MAX_SEGS)
+
+
+def supported(qtype: int, shape: tuple[int, ...]) -> bool:
+    """Whether a 2-D weight of GGML type `qtype` and numpy shape (N, K) has a kernel."""
+    b = BLOCKS.get(int(qtype))
+    return b is not None and len(shape) == 2 and shape[1] % b[0] == 0
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kvtool" / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _compiler() -> str | None:
+    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if cc and shutil.which(cc):
+            return cc
+    return None
+
+
+def build(cc: str, portable: bool = False) -> Path | None:
+    """The shared object for this source, compiler and CPU, built if not yet in the cache;
+    `portable` leaves out -march=native (the plain C path, which tests compare with)."""
+    src = _SRC.read_bytes()
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    key = hashlib.sha256(src + version + _cpu_flags().encode() + bytes([portable])).hexdigest()[:16]
+    out = _cache_dir() / f"qmatmul-{key}.so"
+    if out.exists():
+        return out
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        flags = ["-O3", "-fPIC", "-shared", "-pthread", "-std=c11"] + ([] if portable else ["-march=native"])
+        r = subprocess.run([cc, *flags, "-o", tmp, str(_SRC), "-lm"], capture_output=True, timeout=120)
+        if r.returncode != 0:
+            os.unlink(tmp)
+            return None
+        os.replace(tmp, out)  # atomic: a concurrent build of the same key writes the same bytes
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out
+
+
+def load(path: Path) -> ctypes.CDLL | None:
+    """The library at `path` with its functions typed, or None if it does not load."""
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError:
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    segs, rows = ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)
+    lib.kvq_matmul.argtypes = [ctypes.c_int, segs, rows, ctypes.c_int, i64, i64, ptr, i64, i64, ptr, i64]
+    lib.kvq_matmul.restype = ctypes.c_int
+    lib.kvq_set_threads.argtypes = [ctypes.c_int]
+    lib.kvq_set_threads.restype = ctypes.c_int
+    lib.kvq_avx2.restype = ctypes.c_int
+    lib.kvq_set_threads(torch.get_num_threads())
+    return lib
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL | None:
+    if os.environ.get("KVTOOL_NATIVE", "1") == "0":
+        return None
+    cc = _compiler()
+    path = build(cc) if cc else None
+    return load(path) if path is not None else None
+
+
+def available() -> bool:
+    """Whether the compiled kernel loaded on this machine."""
+    return _lib() is not None
+
+
+def set_threads(n: int) -> None:
+    """Threads the kernel computes with (the caller's included); no-op when it is not loaded."""
+    lib = _lib()
+    if lib is not None:
+        lib.kvq_set_threads(n)
+
+
+class QWeight:
+    """One or more GGUF weights of one type and width, stacked along n_out (Q, K and V in one
+    call), kept as the raw block bytes they are in the file. Calling it needs `available()`."""
+
+    def __init__(self, raws: list[torch.Tensor], qtype: int, shapes: list[tuple[int, int]]) -> None:
+        if not raws or len(raws) > MAX_SEGS or len(raws) != len(shapes):
+            raise ValueError(f"qmatmul takes 1 to {MAX_SEGS} weights")
+        k = shapes[0][1]
+        if any(not supported(qtype, s) or s[1] != k for s in shapes):
+            raise ValueError(f"type id {qtype} with shapes {shapes} has no qmatmul kernel")
+        elems, size = BLOCKS[int(qtype)]
+        self.qtype, self.k = int(qtype), k
+        self.n_out = sum(s[0] for s in shapes)
+        self.row_bytes = k // elems * size
+        self._raws = [r.reshape(-1).view(torch.uint8) for r in raws]  # kept alive: C reads them
+        for r, s in zip(self._raws, shapes, strict=True):
+            if r.numel() != s[0] * self.row_bytes:
+                raise ValueError(f"{r.numel()} bytes do not hold a weight of shape {s}")
+        self._ptrs = (ctypes.c_void_p * len(raws))(*(r.data_ptr() for r in self._raws))
+        self._rows = (ctypes.c_int64 * len(raws))(*(s[0] for s in shapes))
+        self._nseg = len(raws)
+
+    def __call__(self, x: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+        """x [n, K] float32 -> x @ W.T [n, N] float32 (with `lib`, another build of the kernel)."""
+        lib = lib or _lib()
+        assert lib is not None
+        if x.dim() != 2 or x.shape[1] != self.k:
+            raise ValueError(f"qmatmul: x of shape {tuple(x.shape)} for weights of width {self.k}")
+        if x.dtype != torch.float32 or x.stride(-1) != 1:
+            x = x.float().contiguous()
+        n = x.shape[0]
+        y = torch.empty(n, self.n_out)
+        rc = lib.kvq_matmul(
+            self.qtype, self._ptrs, self._rows, self._nseg, self.row_bytes, self.k,
+            x.data_ptr(), x.stride(0), n, y.data_ptr(), self.n_out,
+        )  # fmt: skip
+        if rc != 0:
+            raise ValueError(f"qmatmul: bad call (type {self.qtype}, K {self.k}, x {tuple(x.shape)})")
+        return y
+
+
+def qmatmul(x: torch.Tensor, w: torch.Tensor, qtype: int, shape: tuple[int, int]) -> torch.Tensor:
+    """x [n, K] float32 @ W.T -> [n, N] float32 for one weight's raw bytes `w` of type `qtype`
+    and numpy shape (N, K). Needs `available()`."""
+    return QWeight([w], qtype, [shape])(x)
+
+
+# -------------------------------------------------------------------------------- specification
+
+
+def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [n, K] -> (q [n, K/32, 32] int values as float, d [n, K/32, 1]) as qmatmul.c quantizes."""
+    xb = x.float().reshape(x.shape[0], -1, 32)
+    d = xb.abs().amax(-1, keepdim=True) / 127.0
+    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    return torch.round(xb * inv), d
+
+
+def qmatmul_ref(x: torch.Tensor, w: torch.Tensor, qtype: int, shape: tuple[int, int]) -> torch.Tensor:
+    """The specification: quantized activations times the exactly dequantized weights, in float64."""
+    q, d = quantize_rows_ref(x)
+    xq = (q * d).reshape(x.shape[0], -1).double()
+    return (xq @ dequantize(w, qtype, shape).double().T).float()

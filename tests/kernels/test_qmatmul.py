@@ -1,0 +1,85 @@
+"""kernels/qmatmul: the compiled block matmul (its AVX2 build and its portable C build) against
+the torch specification, and the specification's activation quantization against gguf's."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize
+
+from kvtool.kernels import qmatmul
+from kvtool.kernels.dequant import Q4_0, Q4_1, Q4_K, Q8_0
+
+pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: the kernel is not built")
+
+
+@pytest.fixture(scope="module", params=["native", "portable"])
+def lib(request: pytest.FixtureRequest) -> ctypes.CDLL:
+    if request.param == "native":
+        lib = qmatmul._lib()
+    else:
+        cc = qmatmul._compiler()
+        path = qmatmul.build(cc, portable=True) if cc else None
+        lib = qmatmul.load(path) if path else None
+    assert lib is not None
+    return lib
+
+
+def weight(qtype: int, n_out: int, k: int, seed: int) -> torch.Tensor:
+    """Raw blocks [n_out, row bytes] of a random weight of type `qtype`."""
+    rng = np.random.default_rng(seed)
+    if qtype == Q4_K:  # gguf cannot quantize K-quants: random blocks with small scales
+        b = rng.integers(0, 256, size=(n_out * k // 256, 144), dtype=np.uint8)
+        b[:, 0:4] = rng.uniform(1e-3, 4e-3, size=(b.shape[0], 2)).astype(np.float16).view(np.uint8)
+        return torch.from_numpy(b).reshape(n_out, -1)
+    x = (rng.standard_normal((n_out, k)) * 0.1).astype(np.float32)
+    return torch.from_numpy(quantize(x, GGMLQuantizationType(qtype)))
+
+
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q8_0, Q4_K])
+@pytest.mark.parametrize("n", [1, 2, 4, 5, 9])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_matches_the_specification(lib: ctypes.CDLL, qtype: int, n: int, threads: int) -> None:
+    k = 512
+    shapes = [(40, k), (24, k), (72, k)]  # stacked like Q, K and V, widths not multiples of 16
+    raws = [weight(qtype, s[0], k, i) for i, s in enumerate(shapes)]
+    x = torch.randn(n, k) * torch.logspace(-2, 1, k)  # blocks of very different scales
+    x[0, :32] = 0.0  # an all-zero block: scale 0
+    lib.kvq_set_threads(threads)
+    try:
+        y = qmatmul.QWeight(raws, qtype, shapes)(x, lib)
+    finally:
+        lib.kvq_set_threads(torch.get_num_threads())
+    want = torch.cat([qmatmul.qmatmul_ref(x, r, qtype, s) for r, s in zip(raws, shapes, strict=True)], 1)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+def test_strided_rows_and_the_portable_build_agree(lib: ctypes.CDLL) -> None:
+    raw = weight(Q4_1, 32, 64, 7)
+    x = torch.randn(6, 128)[:, :64]  # rows 128 floats apart
+    y = qmatmul.QWeight([raw], Q4_1, [(32, 64)])(x, lib)
+    torch.testing.assert_close(y, qmatmul.qmatmul_ref(x, raw, Q4_1, (32, 64)), rtol=1e-5, atol=1e-5)
+
+
+def test_activation_quantization_is_ggml_q8_0() -> None:
+    x = torch.randn(4, 256) * 3
+    q, d = qmatmul.quantize_rows_ref(x)
+    blocks = quantize(x.numpy(), GGMLQuantizationType.Q8_0).reshape(-1, 34)
+    want_q = blocks[:, 2:].view(np.int8).astype(np.float32).reshape(4, -1, 32)
+    assert np.array_equal(q.numpy(), want_q)  # ties (x * id exactly .5) do not occur here
+    want_d = blocks[:, :2].copy().view(np.float16).astype(np.float32).reshape(4, -1, 1)
+    assert np.array_equal(d.half().float().numpy(), want_d)  # gguf stores the scale in f16
+
+
+def test_bad_calls_are_refused() -> None:
+    raw = weight(Q4_0, 16, 64, 0)
+    with pytest.raises(ValueError, match="width"):
+        qmatmul.QWeight([raw], Q4_0, [(16, 64)])(torch.randn(1, 32))
+    with pytest.raises(ValueError, match="no qmatmul kernel"):
+        qmatmul.QWeight([raw], Q4_K, [(16, 64)])  # Q4_K rows are 256-element super-blocks
+    with pytest.raises(ValueError, match="bytes"):
+        qmatmul.QWeight([raw[:8]], Q4_0, [(16, 64)])
