@@ -5,9 +5,20 @@ Triton is in the gpu/test extras only; every kernel has a torch reference that r
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+
+def _wanted() -> bool:
+    """Triton is imported only where a kernel can run in it: a CUDA device, or its interpreter
+    (TRITON_INTERPRET=1, the tests). Elsewhere the import would only cost startup (~0.3 s)."""
+    return os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+
+
 try:
+    if not _wanted():
+        raise ImportError("no device runs Triton here")
     import triton
     import triton.language as tl
 except ImportError:
