@@ -3,8 +3,8 @@
  * integer dot products scaled by both blocks' scales. W stays in its file layout (the memory
  * map), so a decoded token reads 4-8 bits per weight instead of 32.
  *
- * Formats: Q4_0 (d * (q - 8)), Q4_1 (d * q + m), Q8_0 (d * q), Q4_K (per 32-element sub-block
- * d * sc * q - dmin * m). AVX2 when the compiler targets it, portable C otherwise; both give
+ * Formats: Q4_0 (d * (q - 8)), Q4_1 (d * q + m), Q5_0 (d * (q - 16)), Q8_0 (d * q), Q4_K (per
+ * 32-element sub-block d * sc * q - dmin * m), Q6_K (per 16 elements d * sc * (q - 32)). AVX2 when the compiler targets it, portable C otherwise; both give
  * the same integer sums, and float sums that differ only in order.
  *
  * Threads: a small pool of its own (the caller computes one share); workers spin briefly, then
@@ -29,7 +29,7 @@
 #define KV_AVX2 1
 #endif
 
-enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8, T_Q4_K = 12 };
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
 #define QK 32
 #define QK_K 256
 
@@ -133,11 +133,36 @@ static inline int unit_dot_scalar(const wfmt *f, const uint8_t *w, int64_t u, co
         }
         break;
     }
+    case T_Q5_0: {
+        const uint8_t *b = w + u * 22;
+        uint32_t qh;
+        memcpy(&qh, b + 2, 4);
+        *a = load_half(b);
+        *c = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            sum += (((b[6 + j] & 0xF) | (((qh >> j) & 1) << 4)) - 16) * qx[j];
+            sum += (((b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16) * qx[j + 16];
+        }
+        break;
+    }
     case T_Q8_0: {
         const uint8_t *b = w + u * 34;
         *a = load_half(b);
         *c = 0.0f;
         for (int j = 0; j < 32; j++) sum += (int8_t)b[2 + j] * qx[j];
+        break;
+    }
+    case T_Q6_K: {
+        const uint8_t *b = w + (u / 8) * 210;
+        const int h = (int)(u % 8) / 4, j = (int)(u % 4);
+        const uint8_t *ql = b + h * 64 + (j & 1) * 32, *qh = b + 128 + h * 32;
+        const int8_t *sc = (const int8_t *)(b + 192) + h * 8 + 2 * j;
+        *a = load_half(b + 208);
+        *c = 0.0f;
+        for (int l = 0; l < 32; l++) {
+            const int q = (((ql[l] >> (4 * (j >> 1))) & 0xF) | (((qh[l] >> (2 * j)) & 3) << 4)) - 32;
+            sum += sc[l / 16] * q * qx[l];
+        }
         break;
     }
     case T_Q4_K: {
@@ -165,16 +190,23 @@ static inline __m256i nibbles32(const uint8_t *p) { /* 16 bytes -> 32 values, lo
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
 }
 
+/* 32 bits -> 32 bytes: byte j is 0xFF where bit j is set. */
+static inline __m256i bits32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    const __m256i which = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)v), which); /* byte j: byte j/8 of v */
+    return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+}
+
 /* Unsigned 0..255 weights times signed activations, summed to 8 int32 lanes as float. */
-static inline __m256 dot_u8_i8(__m256i w, __m256i x) {
+static inline __m256 dot_u8_i8(__m256i w, __m256i x, __m256i pair_weights) {
     const __m256i p = _mm256_maddubs_epi16(w, x);
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, pair_weights));
 }
 
 /* Signed weights times signed activations (the sign moved onto the activations). */
-static inline __m256 dot_i8_i8(__m256i w, __m256i x) {
-    return dot_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-}
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -213,15 +245,16 @@ typedef struct {
         __m256 acc[NRV];                                                                                  \
         float off[NRV];                                                                                   \
         for (int r = 0; r < NRV; r++) acc[r] = _mm256_setzero_ps(), off[r] = 0.0f;                         \
+        const __m256i ones = _mm256_set1_epi16(1);                                                       \
         for (int64_t u = 0; u < nu; u++) {                                                               \
             float a, c;                                                                                  \
-            __m256i wv;                                                                                  \
+            __m256i wv, pw = ones; /* pw: int16 weights of the pairs (Q6_K's two scales) */              \
             __VA_ARGS__                                                                                  \
             const __m256i wabs = SIGNED ? _mm256_sign_epi8(wv, wv) : wv;                                 \
             for (int r = 0; r < NRV; r++) {                                                               \
                 __m256i xv = _mm256_loadu_si256((const __m256i *)(qx[r] + u * QK));                      \
                 if (SIGNED) xv = _mm256_sign_epi8(xv, wv);                                               \
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a * dx[r][u]), dot_u8_i8(wabs, xv), acc[r]);     \
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a * dx[r][u]), dot_u8_i8(wabs, xv, pw), acc[r]);     \
                 if (!SIGNED) off[r] += c * sx[r][u];                                                     \
             }                                                                                            \
         }                                                                                                \
@@ -241,6 +274,26 @@ ROWS_FN(rows_q4_1, 0, {
     const uint8_t *b = w + u * 20;
     a = load_half(b), c = load_half(b + 2);
     wv = nibbles32(b + 4);
+})
+ROWS_FN(rows_q5_0, 1, {
+    const uint8_t *b = w + u * 22;
+    a = load_half(b), c = 0.0f;
+    const __m256i hi = _mm256_and_si256(bits32(b + 2), _mm256_set1_epi8(0x10));
+    wv = _mm256_sub_epi8(_mm256_or_si256(nibbles32(b + 6), hi), _mm256_set1_epi8(16));
+})
+ROWS_FN(rows_q6_k, 1, {
+    const uint8_t *b = w + (u / 8) * 210;
+    const int h = (int)(u % 8) / 4, j = (int)(u % 4);
+    const __m256i ql = _mm256_loadu_si256((const __m256i *)(b + h * 64 + (j & 1) * 32));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + h * 32));
+    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
+    const __m128i sh_lo = _mm_cvtsi32_si128(4 * (j >> 1)), sh_hi = _mm_cvtsi32_si128(2 * j);
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, sh_lo), m4);
+    const __m256i up = _mm256_and_si256(_mm256_srl_epi16(qh, sh_hi), m2);
+    wv = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(up, 4)), _mm256_set1_epi8(32));
+    const int8_t *sc = (const int8_t *)(b + 192) + h * 8 + 2 * j;
+    pw = _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0]));
+    a = load_half(b + 208), c = 0.0f;
 })
 ROWS_FN(rows_q8_0, 1, {
     const uint8_t *b = w + u * 34;
@@ -277,7 +330,9 @@ ROWS_FN(rows_q4_k, 0, {
     }
 ROWS_FN(rows_q4_0, T_Q4_0)
 ROWS_FN(rows_q4_1, T_Q4_1)
+ROWS_FN(rows_q5_0, T_Q5_0)
 ROWS_FN(rows_q8_0, T_Q8_0)
+ROWS_FN(rows_q6_k, T_Q6_K)
 ROWS_FN(rows_q4_k, T_Q4_K)
 #endif
 
@@ -288,7 +343,9 @@ static rows_fn rows_for(int type, int one) {
     switch (type) {
     case T_Q4_0: return one ? rows_q4_0_1 : rows_q4_0_4;
     case T_Q4_1: return one ? rows_q4_1_1 : rows_q4_1_4;
+    case T_Q5_0: return one ? rows_q5_0_1 : rows_q5_0_4;
     case T_Q8_0: return one ? rows_q8_0_1 : rows_q8_0_4;
+    case T_Q6_K: return one ? rows_q6_k_1 : rows_q6_k_4;
     default: return one ? rows_q4_k_1 : rows_q4_k_4;
     }
 }
@@ -414,7 +471,10 @@ static void ensure_workers(int n) {
 }
 
 /* ---------------------------------------------------------------- entry points */
-int kvq_supported(int type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0 || type == T_Q4_K; }
+int kvq_supported(int type) {
+    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q8_0 || type == T_Q4_K ||
+           type == T_Q6_K;
+}
 
 int kvq_avx2(void) {
 #ifdef KV_AVX2
@@ -426,11 +486,11 @@ int kvq_avx2(void) {
 
 /* y = x @ W.T for x [n, k] float32 (rows ldx apart) and W the `nseg` weights ws[s] of
  * seg_rows[s] rows each (GGUF blocks, `row_bytes` a row), stacked along n_out; y [n, n_out]
- * float32 (rows ldy apart). k must be a multiple of 32 (of 256 for Q4_K). Returns 0, or -1 for
+ * float32 (rows ldy apart). k must be a multiple of 32 (of 256 for Q4_K and Q6_K). Returns 0, or -1 for
  * a bad call. */
 int kvq_matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, int nseg, int64_t row_bytes,
                int64_t k, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy) {
-    if (!kvq_supported(type) || k % (type == T_Q4_K ? QK_K : QK) || n < 0 || nseg < 1 || nseg > MAX_SEGS)
+    if (!kvq_supported(type) || k % (type == T_Q4_K || type == T_Q6_K ? QK_K : QK) || n < 0 || nseg < 1 || nseg > MAX_SEGS)
         return -1;
     job_t J = {.f = {type, row_bytes}, .nseg = nseg, .k = k, .n = n, .y = y, .ldy = ldy};
     int64_t n_out = 0;

@@ -24,11 +24,18 @@ from pathlib import Path
 
 import torch
 
-from kvtool.kernels.dequant import Q4_0, Q4_1, Q4_K, Q8_0, QK_K, dequantize
+from kvtool.kernels.dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, QK_K, dequantize
 
 _SRC = Path(__file__).with_name("qmatmul.c")
 # type id -> (elements per block, bytes per block)
-BLOCKS = {Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (QK_K, 144)}
+BLOCKS = {
+    Q4_0: (32, 18),
+    Q4_1: (32, 20),
+    Q5_0: (32, 22),
+    Q8_0: (32, 34),
+    Q4_K: (QK_K, 144),
+    Q6_K: (QK_K, 210),
+}
 MAX_SEGS = 8  # weights one call stacks (qmatmul.c's MAX_SEGS)
 
 

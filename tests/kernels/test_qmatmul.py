@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
 from kvtool.kernels import qmatmul
-from kvtool.kernels.dequant import Q4_0, Q4_1, Q4_K, Q8_0
+from kvtool.kernels.dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0
 
 pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: the kernel is not built")
 
@@ -36,11 +36,15 @@ def weight(qtype: int, n_out: int, k: int, seed: int) -> torch.Tensor:
         b = rng.integers(0, 256, size=(n_out * k // 256, 144), dtype=np.uint8)
         b[:, 0:4] = rng.uniform(1e-3, 4e-3, size=(b.shape[0], 2)).astype(np.float16).view(np.uint8)
         return torch.from_numpy(b).reshape(n_out, -1)
+    if qtype == Q6_K:  # random bits, int8 scales of both signs, d last
+        b = rng.integers(0, 256, size=(n_out * k // 256, 210), dtype=np.uint8)
+        b[:, 208:210] = rng.uniform(1e-4, 4e-4, size=(b.shape[0], 1)).astype(np.float16).view(np.uint8)
+        return torch.from_numpy(b).reshape(n_out, -1)
     x = (rng.standard_normal((n_out, k)) * 0.1).astype(np.float32)
     return torch.from_numpy(quantize(x, GGMLQuantizationType(qtype)))
 
 
-@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q8_0, Q4_K])
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K])
 @pytest.mark.parametrize("n", [1, 2, 4, 5, 9])
 @pytest.mark.parametrize("threads", [1, 3])
 def test_matches_the_specification(lib: ctypes.CDLL, qtype: int, n: int, threads: int) -> None:

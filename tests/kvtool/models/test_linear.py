@@ -34,7 +34,7 @@ WEIGHTS = {  # name: (type, n_out)
     "k": (T.Q4_0, 32),
     "v": (T.Q4_K, 32),
     "gate": (T.Q8_0, 48),
-    "up": (T.Q5_0, 48),
+    "up": (T.Q5_1, 48),
     "emb": (T.Q8_0, 100),
     "odd": (T.Q4_0, 40),  # n_out not a multiple of 16: stays dense
     "f32": (T.F32, 32),
@@ -98,7 +98,7 @@ def test_the_compiled_kernel_takes_every_format_it_has(gguf_file: GGUFFile) -> N
         ref = qmatmul.qmatmul_ref(x, gguf_file.tensor_bytes(name), info.qtype, info.shape)
         torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
         assert float((y - want).abs().max()) < 0.02 * float(want.abs().max())  # 8-bit activations
-    up = load_linear(gguf_file, "up", "auto")  # Q5_0: no compiled kernel, int4pack
+    up = load_linear(gguf_file, "up", "auto")  # Q5_1: no compiled kernel, int4pack
     assert isinstance(up, QuantLinear) and up.native is None and up.packed is not None
 
 
