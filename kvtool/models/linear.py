@@ -1,12 +1,12 @@
 """Linear layers and token embeddings over GGUF weights, in the form the `weights` mode asks for.
 
 `weights="f32"` dequantizes every tensor to float32 at load (the exact path the tiny-model
-oracle tests use). `weights="auto"` keeps each weight that maps exactly onto torch's int4pack
-kernel (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0) packed, and switches by the number of rows:
-the packed GEMV reads 4-8 bits per weight and wins for a few rows (decode); a dense float32
-GEMM wins for many (prompts, large batches), so the dense copy is dequantized on first such use.
-Other formats are dequantized to float32 at load. Activations, residual stream, norms and
-softmax stay float32; only the packed matmul's input goes through bfloat16.
+oracle tests use). `weights="auto"` keeps quantized weights quantized and switches by the number
+of rows: up to QUANT_MAX_ROWS a quantized matmul reads 4-8 bits per weight (the compiled block
+matmul over the file's bytes, kernels/qmatmul.c, where it is built and has the format; else
+torch's int4pack kernel where the format maps onto it exactly); above, a dense float32 GEMM on a
+copy dequantized on first such use (prompts, large batches). Other formats are dequantized to
+float32 at load. Activations, residual stream, norms and softmax stay float32.
 
 `weights="f16"` / `"bf16"` keep matrices and the token embedding dense in that type (the GPU
 default is bf16: "auto" means bf16 on CUDA, whose matmuls have no int4pack path); a matmul
