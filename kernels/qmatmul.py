@@ -104,6 +104,8 @@ def load(path: Path) -> ctypes.CDLL | None:
     segs, rows = ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)
     lib.kvq_matmul.argtypes = [ctypes.c_int, segs, rows, ctypes.c_int, i64, i64, ptr, i64, i64, ptr, i64]
     lib.kvq_matmul.restype = ctypes.c_int
+    lib.kvq_matmul_w.argtypes = [ctypes.c_void_p, ptr, i64, i64, ptr]
+    lib.kvq_matmul_w.restype = ctypes.c_int
     lib.kvq_set_threads.argtypes = [ctypes.c_int]
     lib.kvq_set_threads.restype = ctypes.c_int
     lib.kvq_avx2.restype = ctypes.c_int
@@ -132,6 +134,18 @@ def set_threads(n: int) -> None:
         lib.kvq_set_threads(n)
 
 
+class _Weight(ctypes.Structure):  # qmatmul.c's kvq_weight
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("nseg", ctypes.c_int),
+        ("ws", ctypes.POINTER(ctypes.c_void_p)),
+        ("seg_rows", ctypes.POINTER(ctypes.c_int64)),
+        ("row_bytes", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("n_out", ctypes.c_int64),
+    ]
+
+
 class QWeight:
     """One or more GGUF weights of one type and width, stacked along n_out (Q, K and V in one
     call), kept as the raw block bytes they are in the file. Calling it needs `available()`."""
@@ -153,6 +167,8 @@ class QWeight:
         self._ptrs = (ctypes.c_void_p * len(raws))(*(r.data_ptr() for r in self._raws))
         self._rows = (ctypes.c_int64 * len(raws))(*(s[0] for s in shapes))
         self._nseg = len(raws)
+        self._desc = _Weight(self.qtype, self._nseg, self._ptrs, self._rows, self.row_bytes, k, self.n_out)
+        self._desc_ptr = ctypes.addressof(self._desc)
 
     def __call__(self, x: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
         """x [n, K] float32 -> x @ W.T [n, N] float32 (with `lib`, another build of the kernel)."""
@@ -164,10 +180,7 @@ class QWeight:
             x = x.float().contiguous()
         n = x.shape[0]
         y = torch.empty(n, self.n_out)
-        rc = lib.kvq_matmul(
-            self.qtype, self._ptrs, self._rows, self._nseg, self.row_bytes, self.k,
-            x.data_ptr(), x.stride(0), n, y.data_ptr(), self.n_out,
-        )  # fmt: skip
+        rc = lib.kvq_matmul_w(self._desc_ptr, x.data_ptr(), x.stride(0), n, y.data_ptr())
         if rc != 0:
             raise ValueError(f"qmatmul: bad call (type {self.qtype}, K {self.k}, x {tuple(x.shape)})")
         return y
