@@ -1,0 +1,69 @@
+"""A whole quantized model (tiny llama, Q4_1 matrices, Q8_0 embeddings and output) on the
+default weights: few-row ubatches run the compiled kernel with torch on one thread, many-row
+ones the dense float32 path, which is exactly the f32 mode's; both against `weights="f32"`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf.quants import quantize
+
+from kvtool import Batch, Context, ContextParams, Model
+from kvtool.kernels import qmatmul
+from kvtool.models.linear import QUANT_MAX_ROWS, QuantLinear
+from tests.helpers import tiny_gguf
+
+pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: the kernel is not built")
+
+
+class _QuantizingWriter(gguf.GGUFWriter):
+    def add_tensor(self, name: str, tensor: np.ndarray, *args: Any, **kwargs: Any) -> None:
+        if tensor.ndim == 2 and kwargs.get("raw_dtype") is None:
+            qtype = T.Q8_0 if name in ("token_embd.weight", "output.weight") else T.Q4_1
+            kwargs["raw_dtype"] = qtype
+            tensor = quantize(tensor, qtype)
+        super().add_tensor(name, tensor, *args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = Path(tmp_path_factory.mktemp("q")) / "tiny-q4_1.gguf"
+    real = tiny_gguf.gguf.GGUFWriter
+    tiny_gguf.gguf.GGUFWriter = _QuantizingWriter  # type: ignore[misc]
+    try:
+        return tiny_gguf.write_tiny_llama(path)
+    finally:
+        tiny_gguf.gguf.GGUFWriter = real  # type: ignore[misc]
+
+
+def logits(model: Model, tokens: list[int], step: int) -> torch.Tensor:
+    """Every position's logits, decoding `step` tokens per llama_decode."""
+    ctx = Context(model, ContextParams(n_ctx=256))
+    rows = []
+    for i in range(0, len(tokens), step):
+        part = tokens[i : i + step]
+        ctx.decode(Batch(part, list(range(i, i + len(part))), [[0]] * len(part), [True] * len(part)))
+        rows.append(ctx.logits().clone())
+    return torch.cat(rows)
+
+
+def test_quantized_model_against_the_f32_mode(model_path: Path) -> None:
+    auto, exact = Model(model_path), Model(model_path, weights="f32")
+    layer = auto.impl.layers[0]
+    assert isinstance(layer.ffn_down, QuantLinear) and layer.ffn_down.native is not None
+    tokens = ([1, 5, 9, 3, 7, 11, 4, 8, 2, 6] * 8)[: 2 * (QUANT_MAX_ROWS + 1)]
+    want = logits(exact, tokens, len(tokens))
+    threads = torch.get_num_threads()
+    few = logits(auto, tokens, 1)  # one row per ubatch: the compiled kernel
+    assert torch.get_num_threads() == threads  # torch's threads come back after each ubatch
+    err = (few - want).abs().max() / want.abs().max()
+    assert float(err) < 0.03, float(err)  # int8 activations, as llama.cpp's CPU backend
+    assert (few.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+    many = logits(auto, tokens, QUANT_MAX_ROWS + 1)  # two dense float32 ubatches: f32 mode's numbers
+    torch.testing.assert_close(many, want, rtol=1e-5, atol=1e-5)
