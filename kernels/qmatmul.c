@@ -554,3 +554,24 @@ typedef struct {
 int kvq_matmul_w(const kvq_weight *w, const float *x, int64_t ldx, int64_t n, float *y) {
     return kvq_matmul(w->type, w->ws, w->seg_rows, w->nseg, w->row_bytes, w->k, x, ldx, n, y, w->n_out);
 }
+
+/* A SwiGLU feed-forward in one call: y = down(silu(gate(x)) * up(x)), `gate_up` holding the gate
+ * rows then the up rows (n_out 2 * n_ff), `down` taking n_ff columns. The hidden rows are
+ * quantized like any activation before `down`. */
+int kvq_ffn_swiglu(const kvq_weight *gate_up, const kvq_weight *down, const float *x, int64_t ldx, int64_t n,
+                   float *y) {
+    const int64_t n_ff = gate_up->n_out / 2;
+    if (gate_up->n_out % 2 || down->k != n_ff) return -1;
+    float *g = malloc(sizeof(float) * (size_t)(n * gate_up->n_out));
+    if (!g) return -1;
+    int rc = kvq_matmul_w(gate_up, x, ldx, n, g);
+    if (rc == 0) {
+        for (int64_t i = 0; i < n; i++) {
+            float *gi = g + i * gate_up->n_out; /* the hidden row overwrites the gate half */
+            for (int64_t j = 0; j < n_ff; j++) gi[j] = gi[j] / (1.0f + expf(-gi[j])) * gi[n_ff + j];
+        }
+        rc = kvq_matmul_w(down, g, gate_up->n_out, n, y);
+    }
+    free(g);
+    return rc;
+}

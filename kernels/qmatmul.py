@@ -106,6 +106,8 @@ def load(path: Path) -> ctypes.CDLL | None:
     lib.kvq_matmul.restype = ctypes.c_int
     lib.kvq_matmul_w.argtypes = [ctypes.c_void_p, ptr, i64, i64, ptr]
     lib.kvq_matmul_w.restype = ctypes.c_int
+    lib.kvq_ffn_swiglu.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ptr, i64, i64, ptr]
+    lib.kvq_ffn_swiglu.restype = ctypes.c_int
     lib.kvq_set_threads.argtypes = [ctypes.c_int]
     lib.kvq_set_threads.restype = ctypes.c_int
     lib.kvq_avx2.restype = ctypes.c_int
@@ -186,6 +188,27 @@ class QWeight:
         return y
 
 
+def ffn_swiglu(
+    x: torch.Tensor, gate_up: QWeight, down: QWeight, lib: ctypes.CDLL | None = None
+) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)) in one call, `gate_up` stacking the gate then the up weight;
+    the hidden rows are quantized like any activation. Spec: `ffn_swiglu_ref`."""
+    lib = lib or _lib()
+    assert lib is not None
+    if x.dim() != 2 or x.shape[1] != gate_up.k or gate_up.n_out != 2 * down.k:
+        raise ValueError(
+            f"ffn_swiglu: x {tuple(x.shape)}, gate/up {gate_up.n_out}x{gate_up.k}, down K {down.k}"
+        )
+    if x.dtype != torch.float32 or x.stride(-1) != 1:
+        x = x.float().contiguous()
+    y = torch.empty(x.shape[0], down.n_out)
+    if lib.kvq_ffn_swiglu(
+        gate_up._desc_ptr, down._desc_ptr, x.data_ptr(), x.stride(0), x.shape[0], y.data_ptr()
+    ):
+        raise ValueError("ffn_swiglu: bad call")
+    return y
+
+
 def qmatmul(x: torch.Tensor, w: torch.Tensor, qtype: int, shape: tuple[int, int]) -> torch.Tensor:
     """x [n, K] float32 @ W.T -> [n, N] float32 for one weight's raw bytes `w` of type `qtype`
     and numpy shape (N, K). Needs `available()`."""
@@ -208,3 +231,16 @@ def qmatmul_ref(x: torch.Tensor, w: torch.Tensor, qtype: int, shape: tuple[int, 
     q, d = quantize_rows_ref(x)
     xq = (q * d).reshape(x.shape[0], -1).double()
     return (xq @ dequantize(w, qtype, shape).double().T).float()
+
+
+def ffn_swiglu_ref(
+    x: torch.Tensor,
+    gate_up: list[tuple[torch.Tensor, tuple[int, int]]],
+    down: tuple[torch.Tensor, tuple[int, int]],
+    qtypes: tuple[int, int],
+) -> torch.Tensor:
+    """The specification of `ffn_swiglu`: raw (bytes, shape) of gate, up and down, their types."""
+    (g_raw, g_shape), (u_raw, u_shape) = gate_up
+    g = qmatmul_ref(x, g_raw, qtypes[0], g_shape)
+    u = qmatmul_ref(x, u_raw, qtypes[0], u_shape)
+    return qmatmul_ref(torch.nn.functional.silu(g) * u, down[0], qtypes[1], down[1])

@@ -109,6 +109,19 @@ class QuantLinear:
         return y + self.bias if self.bias is not None else y
 
 
+def swiglu_native(x: torch.Tensor, gate_up: LinearGroup, down: Linear) -> torch.Tensor | None:
+    """down(silu(gate(x)) * up(x)) as one call of the compiled kernel, or None where it does not
+    apply (more than QUANT_MAX_ROWS rows, weights not in it, biases): then compute it op by op."""
+    f = gate_up.fused
+    if x.shape[0] > QUANT_MAX_ROWS or f is None or f.native is None or f.bias is not None:
+        return None
+    if not isinstance(down, QuantLinear) or down.native is None or down.bias is not None:
+        return None
+    if len(gate_up.sizes) != 2 or gate_up.sizes[0] != gate_up.sizes[1]:
+        return None
+    return qmatmul.ffn_swiglu(x, f.native, down.native)
+
+
 def computes_natively(f: GGUFFile, weights: str, n_rows: int) -> bool:
     """Whether a ubatch of `n_rows` rows has its matmuls in the compiled kernel (any of the
     file's matrices in one of its formats), which then computes on threads of its own."""
