@@ -7,8 +7,9 @@ its top). Each measurement runs both tools back to back, alternating which goes 
 rounds, so a change in machine load hits both alike; the table gives each tool's median.
 Measures: tg128 and pp512 (`bench`), S_TG of `batched-bench` at PP 128 / TG 128 for each B of
 `--npl` (split KV, one stream per sequence, as both tools default), `parallel -np 8 -ns 32
--n 64` total tokens/s, and peak RSS of a tg128 run. llama.cpp is never imported: it is only
-run as a program, and is not a dependency of kvtool.
+-n 64` total tokens/s, peak RSS of a tg128 run, and the wall time of a process that loads
+the model and generates one token (llama-simple, when the build has it). llama.cpp is never
+imported: it is only run as a program, and is not a dependency of kvtool.
 
 On parallel: llama-parallel's system transcript (about 300 tokens) is compiled into it; kvtool's
 is shorter, so kvtool gets enough filler turns (`--junk`) that its mean prompt length per request
@@ -23,6 +24,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +67,13 @@ def find_tool(build: Path, name: str) -> str:
         if p.is_file():
             return str(p)
     sys.exit(f"error: {name} not found in {build} (build llama.cpp with its tools first)")
+
+
+def wall_s(cmd: list[str]) -> float:
+    """Seconds from starting `cmd` to its exit."""
+    t0 = time.perf_counter()
+    run(cmd)
+    return time.perf_counter() - t0
 
 
 def bench_ts(out: str, n_prompt: int, n_gen: int) -> float:
@@ -201,6 +210,22 @@ def main() -> None:
     rss.kvtool.append(peak_rss_mb([*KVTOOL, "bench", "-m", gguf, "-p", "0", "-n", "128", "-t", t, "-r", "1"]))
     rss.llama.append(peak_rss_mb([lb, "-m", gguf, "-p", "0", "-n", "128", "-t", t, "-r", "1"]))
     rows.append(rss)
+
+    first = Row("process start to exit after 1 generated token, s (lower is better)")
+    places = (a.build / "bin" / "llama-simple", a.build / "llama-simple")
+    simple = next((p for p in places if p.is_file()), None)
+    other = "llama-simple -n 1 Hi" if simple else "no llama-simple in the build"
+    first.note = f"kvtool run -p Hi -n 1; {other}"
+
+    def kv_first() -> None:
+        first.kvtool.append(wall_s([*KVTOOL, "run", "-m", gguf, "-p", "Hi", "-n", "1", "-t", t]))
+
+    def ll_first() -> None:
+        if simple:
+            first.llama.append(wall_s([str(simple), "-m", gguf, "-n", "1", "Hi"]))
+
+    alternate(max(a.rounds, 3), kv_first, ll_first)
+    rows.append(first)
 
     print(f"\nmodel {gguf}, {a.threads} threads, {a.rounds} alternating rounds (medians)\n")
     print("| measure | llama.cpp | kvtool | kvtool / llama.cpp | note |")
