@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from kvtool.kernels.attention import KQMask
 from kvtool.kernels.visibility import Cells
 from kvtool.memory.base import MemoryStatus
 
@@ -26,8 +27,21 @@ class KVView:
     rows: torch.Tensor  # [n_tokens] int64: stream * n_cells + cell of each ubatch row
     streams: slice  # the consecutive streams the ubatch's rows belong to, in row-block order
     n_kv: int  # cells attended per stream (the used span)
-    mask: torch.Tensor | None  # [n_stream_ub, n_tokens / n_stream_ub, n_kv] additive: 0 seen, -inf not
+    mask: KQMask | None  # [n_stream_ub, n_tokens / n_stream_ub, n_kv] additive: 0 seen, -inf not
     cells: Cells | None = None  # instead of the mask: what it is built from (on CUDA)
+
+    def k_rows(self) -> torch.Tensor:
+        """The K cache as rows [n_stream * n_cells, n_head_kv * head_dim_k], indexed by `rows`."""
+        return self.k.view(-1, self.k.shape[2] * self.k.shape[3])
+
+    def v_rows(self) -> torch.Tensor:
+        """The V cache as rows [n_stream * n_cells, n_head_kv * head_dim_v], indexed by `rows`."""
+        return self.v.view(-1, self.v.shape[2] * self.v.shape[3])
+
+    def attended(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V [n_stream_ub, n_kv, n_head_kv, head_dim] of the ubatch's streams: views."""
+        s, n = self.streams, self.n_kv
+        return self.k[s, :n], self.v[s, :n]
 
 
 def visibility_from_cells(device: str | torch.device) -> bool:
@@ -48,7 +62,7 @@ class KVCacheContext:
         self.slots = slots
         self.i = 0
         self._rows: torch.Tensor | None = None
-        self._mask: torch.Tensor | None = None
+        self._mask: KQMask | None = None
         self._cells: Cells | None = None
         self._streams = slice(0, 1)
         self._n_kv = 0
@@ -79,7 +93,8 @@ class KVCacheContext:
         if visibility_from_cells(cache.params.device):
             self._cells = self._build_cells(ub, streams, per)
         else:
-            self._mask = self._build_mask(ub, streams, per).to(cache.params.device)
+            # once per ubatch: every layer of this cache attends with the same KQMask
+            self._mask = KQMask(self._build_mask(ub, streams, per).to(cache.params.device))
         return True
 
     def _build_cells(self, ub: UBatch, streams: list[int], per: int) -> Cells:
