@@ -88,6 +88,10 @@ class KVCache(SeqOps, PartBatches):
             il: torch.zeros(*shape, s.n_head_kv, s.head_dim_v, dtype=params.type_v, device=dev)
             for il, s in specs.items()
         }  # [n_stream, n_cells, n_head_kv, head_dim_v]
+        # the same tensors as rows [n_stream * n_cells, n_head_kv * head_dim], where a ubatch's
+        # K/V rows are stored (views made once, not per layer and ubatch)
+        self.k_rows = {il: t.view(-1, t.shape[2] * t.shape[3]) for il, t in self.k.items()}
+        self.v_rows = {il: t.view(-1, t.shape[2] * t.shape[3]) for il, t in self.v.items()}
 
     @property
     def layers(self) -> frozenset[int]:

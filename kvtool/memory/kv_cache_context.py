@@ -24,19 +24,13 @@ class KVView:
 
     k: torch.Tensor  # [n_stream, n_cells, n_head_kv, head_dim_k] the layer's whole K cache
     v: torch.Tensor  # [n_stream, n_cells, n_head_kv, head_dim_v]
+    k_rows: torch.Tensor  # `k` as rows [n_stream * n_cells, n_head_kv * head_dim_k]: where `rows` go
+    v_rows: torch.Tensor  # `v` as rows [n_stream * n_cells, n_head_kv * head_dim_v]
     rows: torch.Tensor  # [n_tokens] int64: stream * n_cells + cell of each ubatch row
     streams: slice  # the consecutive streams the ubatch's rows belong to, in row-block order
     n_kv: int  # cells attended per stream (the used span)
     mask: KQMask | None  # [n_stream_ub, n_tokens / n_stream_ub, n_kv] additive: 0 seen, -inf not
     cells: Cells | None = None  # instead of the mask: what it is built from (on CUDA)
-
-    def k_rows(self) -> torch.Tensor:
-        """The K cache as rows [n_stream * n_cells, n_head_kv * head_dim_k], indexed by `rows`."""
-        return self.k.view(-1, self.k.shape[2] * self.k.shape[3])
-
-    def v_rows(self) -> torch.Tensor:
-        """The V cache as rows [n_stream * n_cells, n_head_kv * head_dim_v], indexed by `rows`."""
-        return self.v.view(-1, self.v.shape[2] * self.v.shape[3])
 
     def attended(self) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V [n_stream_ub, n_kv, n_head_kv, head_dim] of the ubatch's streams: views."""
@@ -132,4 +126,14 @@ class KVCacheContext:
         if self._rows is None or (self._mask is None and self._cells is None):
             raise RuntimeError("apply() the ubatch before computing it")
         c = self.cache
-        return KVView(c.k[il], c.v[il], self._rows, self._streams, self._n_kv, self._mask, self._cells)
+        return KVView(
+            c.k[il],
+            c.v[il],
+            c.k_rows[il],
+            c.v_rows[il],
+            self._rows,
+            self._streams,
+            self._n_kv,
+            self._mask,
+            self._cells,
+        )

@@ -132,9 +132,9 @@ class Gemma3Model:
             if il == hp.n_layer - 1:
                 out = torch.from_numpy(ub.output).to(x.device)  # only output rows need the rest
                 a, x = a[out], x[out]
-            x = x + rms_norm(a, L.attn_post_norm, hp.eps)
+            x += rms_norm(a, L.attn_post_norm, hp.eps)  # x is this forward's own tensor
             f = geglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
-            x = x + rms_norm(f, L.ffn_post_norm, hp.eps)
+            x += rms_norm(f, L.ffn_post_norm, hp.eps)
         logits = self.output(rms_norm(x, self.output_norm, hp.eps))
         if self.final_logit_softcap:
             c = self.final_logit_softcap

@@ -55,8 +55,8 @@ def attend(view: KVView, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
     q [n, n_head, d_k], k [n, n_head_kv, d_k], v [n, n_head_kv, d_v] -> [n, n_head * d_v].
     The cache is read in its own type (f16/bf16/f32): the kernel upcasts inside."""
     n = q.shape[0]
-    store_kv(view.k_rows(), k.reshape(n, -1), view.rows)
-    store_kv(view.v_rows(), v.reshape(n, -1), view.rows)
+    store_kv(view.k_rows, k.reshape(n, -1), view.rows)
+    store_kv(view.v_rows, v.reshape(n, -1), view.rows)
     n_s = view.streams.stop - view.streams.start
     qs = q.reshape(n_s, n // n_s, q.shape[1], q.shape[2])  # [n_stream_ub, n / n_stream_ub, n_head, d_k]
     ks, vs = view.attended()  # [n_stream_ub, n_kv, n_head_kv, d]

@@ -88,8 +88,8 @@ class LlamaModel:
             v = v.reshape(n, hp.n_head_kv[il], hp.head_dim_v)
             q = apply_rope(q, rot, self.rope)
             k = apply_rope(k, rot, self.rope)
-            x = x + L.wo(attend(mctx.layer_view(il), q, k, v, scale))
+            x += L.wo(attend(mctx.layer_view(il), q, k, v, scale))  # x is this forward's own tensor
             if il == hp.n_layer - 1:
                 x = x[torch.from_numpy(ub.output).to(x.device)]  # only output rows need the rest
-            x = x + swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
+            x += swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
         return self.output(rms_norm(x, self.output_norm, hp.eps))

@@ -1,9 +1,12 @@
 """Rotary position embedding as llama.cpp computes it (ggml_rope_ext, NORM and NEOX modes).
 
-A rotation is applied as x * cos + swap(x) * sin, where swap exchanges the two members of each
-rotated pair and the tables already hold each pair's cos at both members and its sin with the
-sign of the member's term: one copy (the swap) and three arithmetic ops per call, with the
-tables laid out once per ubatch instead of slicing and re-assembling every head per layer.
+The tables are laid out once per ubatch in the form a head's dims take, so that a rotation is
+one or two arithmetic ops per call instead of slicing and re-assembling every head per layer.
+NORM rotates adjacent pairs: a head's rotated dims are complex numbers and the rotation is one
+complex multiply by cos + i sin. NEOX pairs dim i with i + n_rot/2: x * cos + swap(x) * sin,
+where swap exchanges the two halves and the tables hold each pair's cos at both members and its
+sin with the sign of the member's term. Both give the float32 pair formula's bits
+((a, b) -> (a cos - b sin, a sin + b cos), each product rounded, then the sum).
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ _ROPE_TABLE_MAX = 1 << 17  # positions beyond are computed directly, not tabled
 
 @dataclass(frozen=True)
 class Rotation:
-    """The RoPE tables of some positions, laid out like the rotated dims of one head."""
+    """The RoPE tables of some positions, in the form `apply_rope` rotates with."""
 
-    cos: torch.Tensor  # [n, 1, n_rot]: each pair's cos at both of its members
-    sin: torch.Tensor  # [n, 1, n_rot]: -sin at a pair's first member, +sin at its second
+    cis: torch.Tensor | None = None  # NORM: [n, 1, n_rot/2] complex64, cos + i sin
+    cos: torch.Tensor | None = None  # NEOX: [n, 1, n_rot], each pair's cos at both of its members
+    sin: torch.Tensor | None = None  # NEOX: [n, 1, n_rot], -sin at a pair's first member, +sin at its second
 
 
 @dataclass(frozen=True)
@@ -33,9 +37,9 @@ class RopeParams:
     freq_scale: float = 1.0
     neox: bool = False
     freq_factors: torch.Tensor | None = None  # [n_rot/2] (rope_freqs.weight), divides theta
-    # the laid-out cos/sin per position 0..len-1, computed once and grown by doubling: the same
+    # the laid-out tables per position 0..len-1, computed once and grown by doubling: the same
     # float64 arithmetic as `_cos_sin`, so a table row is bit-identical to computing it afresh
-    _table: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list, compare=False, repr=False)
+    _table: list[tuple[torch.Tensor, ...]] = field(default_factory=list, compare=False, repr=False)
 
     def _cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # in float64 on the CPU whatever the device, so that every device rotates alike
@@ -46,38 +50,47 @@ class RopeParams:
         theta = pos.cpu().double()[:, None] * self.freq_scale * inv[None, :]
         return torch.cos(theta).float().to(pos.device), torch.sin(theta).float().to(pos.device)
 
-    def _layout(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # [n, half] -> [n, n_rot] in the order of a head's rotated dims (see Rotation)
+    def _layout(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # [n, half] -> the tables of Rotation for this mode, [n, ...] (no head axis yet)
         if self.neox:  # pairs (i, i + half)
             return torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)
-        return torch.stack([cos, cos], -1).flatten(-2), torch.stack([-sin, sin], -1).flatten(-2)
+        return (torch.complex(cos, sin),)
+
+    def _rotation(self, tables: tuple[torch.Tensor, ...]) -> Rotation:
+        t = [x[:, None] for x in tables]  # [n, 1, ...]: one row for every head
+        return Rotation(cos=t[0], sin=t[1]) if self.neox else Rotation(cis=t[0])
 
     def rotation(self, pos: torch.Tensor) -> Rotation:
         """The tables for positions (or position deltas) `pos` [n], on pos's device."""
         if pos.numel() == 0 or int(pos.min()) < 0 or int(pos.max()) >= _ROPE_TABLE_MAX:
-            cos, sin = self._layout(*self._cos_sin(pos))  # negative deltas (seq_add), huge positions
-            return Rotation(cos[:, None, :], sin[:, None, :])
+            return self._rotation(
+                self._layout(*self._cos_sin(pos))
+            )  # negative deltas (seq_add), huge positions
         top = int(pos.max())
         table = self._table[0] if self._table else None
         if table is None or top >= table[0].shape[0] or table[0].device != pos.device:
             size = max(256, 1 << top.bit_length(), 0 if table is None else table[0].shape[0])
             self._table[:] = [self._layout(*self._cos_sin(torch.arange(size, device=pos.device)))]
-        cos, sin = self._table[0]
-        if pos.numel() == 1:  # decode: a view of the table row, no gather
+        if pos.numel() == 1:  # decode: views of one table row, no gather
             i = int(pos[0])
-            return Rotation(cos[i : i + 1, None, :], sin[i : i + 1, None, :])
-        return Rotation(cos[pos][:, None, :], sin[pos][:, None, :])
+            return self._rotation(tuple(t[i : i + 1] for t in self._table[0]))
+        return self._rotation(tuple(t[pos] for t in self._table[0]))
 
 
 def apply_rope(x: torch.Tensor, rot: Rotation, p: RopeParams) -> torch.Tensor:
     """x [n, n_head, head_dim] rotated by `rot` (from `p.rotation`). Dims past n_rot pass through."""
     n_rot = p.n_rot
     xr = x if x.shape[-1] == n_rot else x[..., :n_rot]
-    if p.neox:
-        swapped = xr.unflatten(-1, (2, n_rot // 2)).flip(-2).flatten(-2)
+    if rot.cis is not None:
+        if xr.storage_offset() % 2 or any(st % 2 for st in xr.stride()[:-1]):
+            xr = xr.contiguous()  # complex views need even offsets and strides
+        out = torch.view_as_real(torch.view_as_complex(xr.unflatten(-1, (n_rot // 2, 2))) * rot.cis).flatten(
+            -2
+        )
     else:
-        swapped = xr.unflatten(-1, (n_rot // 2, 2)).flip(-1).flatten(-2)
-    # a*c + (-s)*b == a*c - b*s and b*c + s*a == a*s + b*c in IEEE float: the classic formula's bits
-    out = xr * rot.cos
-    out += swapped * rot.sin
-    return out if xr is x else torch.cat([out, x[..., n_rot:]], dim=-1)
+        assert rot.cos is not None and rot.sin is not None
+        swapped = xr.unflatten(-1, (2, n_rot // 2)).flip(-2).flatten(-2)
+        # a*c + (-s)*b == a*c - b*s and b*c + s*a == a*s + b*c in IEEE float: the pair formula's bits
+        out = xr * rot.cos
+        out += swapped * rot.sin
+    return out if x.shape[-1] == n_rot else torch.cat([out, x[..., n_rot:]], dim=-1)

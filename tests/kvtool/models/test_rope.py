@@ -1,4 +1,9 @@
-"""RoPE: the laid-out tables and swap form against the textbook rotation of each pair."""
+"""RoPE: the laid-out tables (complex for NORM, swap form for NEOX) against the textbook
+rotation of each pair in float32.
+
+NEOX computes the pair formula's exact operations, so its bits must match. NORM is one complex
+multiply: torch's vectorized loop rounds as the formula does, its scalar loop may fuse a
+multiply-add (one rounding fewer), so it is held to a float32 rounding of the result."""
 
 from __future__ import annotations
 
@@ -28,6 +33,13 @@ def classic(x: torch.Tensor, pos: torch.Tensor, p: RopeParams) -> torch.Tensor:
     return out
 
 
+def check(got: torch.Tensor, want: torch.Tensor, p: RopeParams) -> None:
+    if p.neox:
+        assert torch.equal(got, want)
+    else:  # at most one float32 rounding of the largest term apart
+        torch.testing.assert_close(got, want, rtol=0, atol=2.0**-23 * float(want.abs().max()))
+
+
 @pytest.mark.parametrize("neox", [False, True], ids=["norm", "neox"])
 @pytest.mark.parametrize("n_rot", [16, 8], ids=["full", "partial"])
 @pytest.mark.parametrize(
@@ -35,7 +47,7 @@ def classic(x: torch.Tensor, pos: torch.Tensor, p: RopeParams) -> torch.Tensor:
     [[0, 1, 2, 3, 300, 7], [41], [-5, 3, -300], [200_000, 3]],
     ids=["prompt", "decode", "negative-deltas", "beyond-table"],
 )
-def test_matches_classic_rotation_bit_for_bit(neox: bool, n_rot: int, positions: list[int]) -> None:
+def test_matches_classic_rotation(neox: bool, n_rot: int, positions: list[int]) -> None:
     g = torch.Generator().manual_seed(n_rot + len(positions))
     factors = torch.rand(n_rot // 2, generator=g) + 0.5
     for p in (
@@ -45,17 +57,19 @@ def test_matches_classic_rotation_bit_for_bit(neox: bool, n_rot: int, positions:
         pos = torch.tensor(positions)
         x = torch.randn(len(positions), 3, 16, generator=g) * 4
         got = apply_rope(x, p.rotation(pos), p)
-        assert torch.equal(got, classic(x, pos, p))
+        check(got, classic(x, pos, p), p)
 
 
-def test_strided_input_and_table_growth() -> None:
-    # q and k are column slices of one fused projection: rows are not contiguous
+@pytest.mark.parametrize("offset", [24, 25], ids=["even-offset", "odd-offset"])
+def test_strided_input_and_table_growth(offset: int) -> None:
+    # q and k are column slices of one fused projection: rows are not contiguous (and an odd
+    # start cannot be viewed as complex numbers)
     p = RopeParams(n_rot=8, base=10000.0)
-    fused = torch.randn(4, 3 * 8 + 2 * 8)
-    k = fused[:, 24:].unflatten(-1, (2, 8))
+    fused = torch.randn(4, 3 * 8 + 2 * 8 + 1)
+    k = fused[:, offset : offset + 16].unflatten(-1, (2, 8))
     for pos in ([1, 2, 3, 4], [5000, 5001, 5002, 5003], [7, 8, 9, 10]):  # the table grows, then is reused
         t = torch.tensor(pos)
-        assert torch.equal(apply_rope(k, p.rotation(t), p), classic(k, t, p))
+        check(apply_rope(k, p.rotation(t), p), classic(k, t, p), p)
 
 
 def test_rotation_is_a_rotation() -> None:
