@@ -30,11 +30,14 @@ class KQMask:
     the grouped-query layout `attention_ref` computes with is built once per group size.
     """
 
-    def __init__(self, mask: torch.Tensor) -> None:
+    def __init__(self, mask: torch.Tensor, *, find_empty: bool = True) -> None:
+        """`find_empty=False`: the caller knows that every row sees a key (nothing to look for)."""
         self.mask = mask
-        empty = torch.isneginf(mask).all(dim=-1, keepdim=True)  # [S, n_q, 1]
-        self.empty = empty if bool(empty.any()) else None  # None: every row sees a key
-        bias = mask if self.empty is None else mask.masked_fill(empty, 0.0)
+        self.empty: torch.Tensor | None = None  # [S, n_q, 1] bool, None: every row sees a key
+        if find_empty:
+            empty = torch.isneginf(mask).all(dim=-1, keepdim=True)
+            self.empty = empty if bool(empty.any()) else None
+        bias = mask if self.empty is None else mask.masked_fill(self.empty, 0.0)
         self._bias = bias.float()  # [S, n_q, n_kv]: a row that sees nothing is zeroed out after
         self._grouped: dict[int, torch.Tensor] = {}
 
