@@ -22,11 +22,51 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _LOG2E = 1.0 / math.log(2.0)
 
 
+class KQMask:
+    """A dense visibility mask prepared once for every layer that attends with it (one ubatch).
+
+    `mask` [n_stream, n_q, n_kv] is additive: 0 where a query sees a key, -inf where it does
+    not. The rows that see no key are found here, once, not per layer (a host sync each), and
+    the grouped-query layout `attention_ref` computes with is built once per group size.
+    """
+
+    def __init__(self, mask: torch.Tensor, *, find_empty: bool = True) -> None:
+        """`find_empty=False`: the caller knows that every row sees a key (nothing to look for)."""
+        self.mask = mask
+        self.empty: torch.Tensor | None = None  # [S, n_q, 1] bool, None: every row sees a key
+        if find_empty:
+            empty = torch.isneginf(mask).all(dim=-1, keepdim=True)
+            self.empty = empty if bool(empty.any()) else None
+        bias = mask if self.empty is None else mask.masked_fill(self.empty, 0.0)
+        self._bias = bias.float()  # [S, n_q, n_kv]: a row that sees nothing is zeroed out after
+        self._grouped: dict[int, torch.Tensor] = {}
+
+    def grouped(self, group: int) -> torch.Tensor:
+        """[S, 1, group * n_q, n_kv]: the mask of the rows `attention_ref` gives one KV head,
+        row i * n_q + j being query j with the i-th head of the group."""
+        m = self._grouped.get(group)
+        if m is None:
+            S, n_q, n_kv = self._bias.shape
+            m = self._bias.unsqueeze(1)  # [S, 1, n_q, n_kv]
+            if n_q > 1 and group > 1:  # one query: its row broadcasts over the group's heads
+                m = m.expand(S, group, n_q, n_kv).reshape(S, 1, group * n_q, n_kv)
+            self._grouped[group] = m
+        return m
+
+
+def _as_mask(mask: torch.Tensor | KQMask) -> KQMask:
+    return mask if isinstance(mask, KQMask) else KQMask(mask)
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.float32 else t.float()
+
+
 def attention_ref(
     q: torch.Tensor,  # [n_stream, n_q, n_head, head_dim]
     k: torch.Tensor,  # [n_stream, n_kv, n_head_kv, head_dim]
     v: torch.Tensor,  # [n_stream, n_kv, n_head_kv, head_dim_v]
-    mask: torch.Tensor,  # [n_stream, n_q, n_kv] float, 0 or -inf
+    mask: torch.Tensor | KQMask,  # [n_stream, n_q, n_kv] float, 0 or -inf
     scale: float,
 ) -> torch.Tensor:  # [n_stream, n_q, n_head, head_dim_v]
     """softmax(scale * q k^T + mask) v per stream, with grouped-query heads.
@@ -36,16 +76,26 @@ def attention_ref(
     S, n_q, n_head, _ = q.shape
     n_head_kv = k.shape[2]
     g = n_head // n_head_kv
+    m = _as_mask(mask)
     # Query heads that share a KV head become extra query rows of that head: no K/V copies.
-    qt = q.float().view(S, n_q, n_head_kv, g, -1).permute(0, 2, 3, 1, 4).reshape(S, n_head_kv, g * n_q, -1)
-    kt = k.transpose(1, 2).float()  # [S, Hkv, n_kv, D]
-    vt = v.transpose(1, 2).float()  # [S, Hkv, n_kv, Dv]
-    empty = torch.isneginf(mask).all(dim=-1, keepdim=True)  # [S, n_q, 1]
-    m = mask.masked_fill(empty, 0.0).float()  # [S, n_q, n_kv]
-    m = m.unsqueeze(1).expand(S, g, n_q, m.shape[-1]).reshape(S, 1, g * n_q, -1)  # [S, 1, g*n_q, n_kv]
-    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=m, scale=scale)  # [S, Hkv, g*n_q, Dv]
-    out = out.view(S, n_head_kv, g, n_q, -1).permute(0, 3, 1, 2, 4).reshape(S, n_q, n_head, -1)
-    return out.masked_fill(empty.unsqueeze(-1), 0.0).to(q.dtype)
+    # With one query per stream (decode) that is a view of q.
+    qf = _f32(q)
+    if n_q == 1:
+        qt = qf.reshape(S, n_head_kv, g, -1)
+    else:
+        qt = qf.view(S, n_q, n_head_kv, g, -1).permute(0, 2, 3, 1, 4).reshape(S, n_head_kv, g * n_q, -1)
+    kt = _f32(k.transpose(1, 2))  # [S, Hkv, n_kv, D]
+    vt = _f32(v.transpose(1, 2))  # [S, Hkv, n_kv, Dv]
+    out = F.scaled_dot_product_attention(
+        qt, kt, vt, attn_mask=m.grouped(g), scale=scale
+    )  # [S, Hkv, g*n_q, Dv]
+    if n_q == 1:
+        out = out.view(S, 1, n_head, -1)
+    else:
+        out = out.view(S, n_head_kv, g, n_q, -1).permute(0, 3, 1, 2, 4).reshape(S, n_q, n_head, -1)
+    if m.empty is not None:
+        out = out.masked_fill(m.empty.unsqueeze(-1), 0.0)
+    return out if out.dtype == q.dtype else out.to(q.dtype)
 
 
 @jit
@@ -270,11 +320,12 @@ def _launch(
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | KQMask, scale: float
 ) -> torch.Tensor:
     """Attention per stream (see `attention_ref`): Triton on CUDA tensors, the reference elsewhere."""
-    if use_triton(q, k, v, mask):
-        return attention_triton(q, k, v, mask, scale)
+    dense = mask.mask if isinstance(mask, KQMask) else mask
+    if use_triton(q, k, v, dense):
+        return attention_triton(q, k, v, dense, scale)
     return attention_ref(q, k, v, mask, scale)
 
 

@@ -15,7 +15,7 @@ def store_kv_ref(dst: torch.Tensor, src: torch.Tensor, idx: torch.Tensor) -> Non
     dst: [n_rows, width] (the cache of one layer viewed as rows: stream * n_cells + cell)
     src: [n_tokens, width]; idx: [n_tokens] int64, distinct rows.
     """
-    dst.index_copy_(0, idx, src.to(dst.dtype))
+    dst.index_copy_(0, idx, src if src.dtype == dst.dtype else src.to(dst.dtype))
 
 
 @jit

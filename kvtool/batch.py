@@ -119,22 +119,34 @@ class BatchAllocator:
             raise DecodeError(f"invalid token[{bad[0]}] = {toks[bad[0]]} (n_vocab {n_vocab})", -1)
         if n_seq_max > 64:
             raise DecodeError(f"n_seq_max = {n_seq_max} > 64", -1)
-        for i, sids in enumerate(batch.seq_ids):
-            if not sids:
-                raise DecodeError(f"token {i} belongs to no sequence", -1)
-            for s in sids:
-                if not 0 <= s < n_seq_max:
-                    raise DecodeError(f"invalid seq_id[{i}] = {s} (n_seq_max = {n_seq_max})", -1)
-        pos = self._positions(batch, memory)
+        if set(map(len, batch.seq_ids)) == {1}:  # one sequence per token: checked as arrays
+            seq = np.array(batch.seq_ids, dtype=np.int64).reshape(n)
+            bad = np.flatnonzero((seq < 0) | (seq >= n_seq_max))
+            if bad.size:
+                i = int(bad[0])
+                raise DecodeError(f"invalid seq_id[{i}] = {seq[i]} (n_seq_max = {n_seq_max})", -1)
+            self.seq_id = seq.astype(np.int32)
+            self.seq_mask = np.left_shift(np.uint64(1), seq.astype(np.uint64))
+            self.has_coupled = False
+        else:
+            for i, sids in enumerate(batch.seq_ids):
+                if not sids:
+                    raise DecodeError(f"token {i} belongs to no sequence", -1)
+                for s in sids:
+                    if not 0 <= s < n_seq_max:
+                        raise DecodeError(f"invalid seq_id[{i}] = {s} (n_seq_max = {n_seq_max})", -1)
+            self.seq_id = np.array([s[0] for s in batch.seq_ids], dtype=np.int32)
+            self.seq_mask = np.array(
+                [sum(1 << s for s in set(sids)) for sids in batch.seq_ids], dtype=np.uint64
+            )
+            self.has_coupled = any(len(set(s)) > 1 for s in batch.seq_ids)
         self.batch = batch
         self.token = toks
-        self.pos = pos
-        self.seq_id = np.array([s[0] for s in batch.seq_ids], dtype=np.int32)
-        self.seq_mask = np.array([sum(1 << s for s in set(sids)) for sids in batch.seq_ids], dtype=np.uint64)
+        self.pos = self._positions(batch, memory)
         self.output = np.asarray(batch.logits, dtype=bool)
         self.n_outputs = int(self.output.sum())
-        self.has_coupled = any(len(set(s)) > 1 for s in batch.seq_ids)
-        self._validate_sequences(memory, n_seq_max)
+        if self.has_coupled or not self._sequences_ok(memory):
+            self._validate_sequences(memory, n_seq_max)  # raises with the first broken rule
         self.used = np.zeros(n, dtype=bool)
 
     @property
@@ -146,10 +158,10 @@ class BatchAllocator:
 
     @staticmethod
     def _positions(batch: Batch, memory: PositionSource | None) -> np.ndarray:
-        given = [p is not None for p in batch.pos]
-        if all(given):
+        n_missing = batch.pos.count(None)
+        if n_missing == 0:
             return np.asarray(batch.pos, dtype=np.int32)
-        if any(given):
+        if n_missing < len(batch.pos):
             raise DecodeError("batch mixes given and missing positions", -1)
         nxt: dict[int, int] = {}
         out = np.empty(len(batch), dtype=np.int32)
@@ -161,6 +173,27 @@ class BatchAllocator:
             for s in sids:
                 nxt[s] = out[i] + 1
         return out
+
+    def _sequences_ok(self, memory: PositionSource | None) -> bool:
+        """`_validate_sequences`'s rules as array ops, for tokens of one sequence each: whether
+        all hold (when one does not, the loop finds which, to say so)."""
+        order = np.argsort(self.seq_id, kind="stable")  # grouped by sequence, batch order within
+        ss, pp = self.seq_id[order], self.pos[order].astype(np.int64)
+        same = ss[1:] == ss[:-1]
+        if (same & (pp[1:] < pp[:-1])).any():  # decreasing
+            return False
+        starts = np.flatnonzero(np.concatenate(([True], ~same)))
+        lo = pp[starts]  # never decreasing: a sequence's first position is its lowest
+        hi = pp[np.concatenate((starts[1:] - 1, [len(pp) - 1]))]
+        new = np.concatenate(([True], ~same | (pp[1:] != pp[:-1])))
+        if (hi - lo + 1 > np.add.reduceat(new.astype(np.int64), starts)).any():  # not continuous
+            return False
+        if memory is not None:
+            for s, first in zip(ss[starts].tolist(), lo.tolist(), strict=True):
+                x = memory.seq_pos_max(s)
+                if x >= 0 and first != x + 1:
+                    return False
+        return True
 
     def _validate_sequences(self, memory: PositionSource | None, n_seq_max: int) -> None:
         """llama.cpp's rules: each sequence continues at its last stored position + 1, its

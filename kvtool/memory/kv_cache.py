@@ -88,6 +88,10 @@ class KVCache(SeqOps, PartBatches):
             il: torch.zeros(*shape, s.n_head_kv, s.head_dim_v, dtype=params.type_v, device=dev)
             for il, s in specs.items()
         }  # [n_stream, n_cells, n_head_kv, head_dim_v]
+        # the same tensors as rows [n_stream * n_cells, n_head_kv * head_dim], where a ubatch's
+        # K/V rows are stored (views made once, not per layer and ubatch)
+        self.k_rows = {il: t.view(-1, t.shape[2] * t.shape[3]) for il, t in self.k.items()}
+        self.v_rows = {il: t.view(-1, t.shape[2] * t.shape[3]) for il, t in self.v.items()}
 
     @property
     def layers(self) -> frozenset[int]:
@@ -236,7 +240,10 @@ class KVCache(SeqOps, PartBatches):
 
     def prepare(self, ubatches: list[UBatch]) -> list[list[np.ndarray]] | None:
         """Simulates placing every ubatch (on copies of the cells): the slots, or None if one does not fit.
-        Only the streams the ubatches touch are copied (one sequence's decode copies one stream)."""
+        Only the streams the ubatches touch are copied; a single ubatch (a decode step) only reads
+        the cells, so nothing is copied."""
+        if len(ubatches) == 1:
+            return self._prepare_one(ubatches[0])
         cells: dict[int, KVCells] = {}
         slots: list[list[np.ndarray]] = []
         for ub in ubatches:
@@ -254,6 +261,17 @@ class KVCache(SeqOps, PartBatches):
                 ub_slots.append(idx)
             slots.append(ub_slots)
         return slots
+
+    def _prepare_one(self, ub: UBatch) -> list[list[np.ndarray]] | None:
+        streams = self.ubatch_streams(ub)
+        per = len(ub.token) // len(streams)
+        ub_slots = []
+        for s in streams:  # find_slot does not mutate: no later ubatch needs to see the placement
+            idx = self.cells[s].find_slot(per, self.params.swa, self.params.defrag.contiguous)
+            if idx is None:
+                return None
+            ub_slots.append(idx)
+        return [ub_slots]
 
     def context(self, ubatches: list[UBatch], plan: object) -> KVCacheContext:
         assert isinstance(plan, list)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from kvtool.kernels.attention import KQMask
 from kvtool.kernels.visibility import Cells
 from kvtool.memory.base import MemoryStatus
 
@@ -23,11 +24,18 @@ class KVView:
 
     k: torch.Tensor  # [n_stream, n_cells, n_head_kv, head_dim_k] the layer's whole K cache
     v: torch.Tensor  # [n_stream, n_cells, n_head_kv, head_dim_v]
+    k_rows: torch.Tensor  # `k` as rows [n_stream * n_cells, n_head_kv * head_dim_k]: where `rows` go
+    v_rows: torch.Tensor  # `v` as rows [n_stream * n_cells, n_head_kv * head_dim_v]
     rows: torch.Tensor  # [n_tokens] int64: stream * n_cells + cell of each ubatch row
     streams: slice  # the consecutive streams the ubatch's rows belong to, in row-block order
     n_kv: int  # cells attended per stream (the used span)
-    mask: torch.Tensor | None  # [n_stream_ub, n_tokens / n_stream_ub, n_kv] additive: 0 seen, -inf not
+    mask: KQMask | None  # [n_stream_ub, n_tokens / n_stream_ub, n_kv] additive: 0 seen, -inf not
     cells: Cells | None = None  # instead of the mask: what it is built from (on CUDA)
+
+    def attended(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V [n_stream_ub, n_kv, n_head_kv, head_dim] of the ubatch's streams: views."""
+        s, n = self.streams, self.n_kv
+        return self.k[s, :n], self.v[s, :n]
 
 
 def visibility_from_cells(device: str | torch.device) -> bool:
@@ -48,10 +56,11 @@ class KVCacheContext:
         self.slots = slots
         self.i = 0
         self._rows: torch.Tensor | None = None
-        self._mask: torch.Tensor | None = None
+        self._mask: KQMask | None = None
         self._cells: Cells | None = None
         self._streams = slice(0, 1)
         self._n_kv = 0
+        self._from_cells = visibility_from_cells(cache.params.device)
 
     @property
     def ubatch(self) -> UBatch:
@@ -76,10 +85,10 @@ class KVCacheContext:
         self._streams = slice(streams[0], streams[-1] + 1)
         self._n_kv = max(cache.cells[s].used_max_p1() for s in streams)
         self._rows = torch.from_numpy(np.concatenate(rows)).to(cache.params.device)
-        if visibility_from_cells(cache.params.device):
+        if self._from_cells:
             self._cells = self._build_cells(ub, streams, per)
         else:
-            self._mask = self._build_mask(ub, streams, per).to(cache.params.device)
+            self._mask = self._build_mask(ub, streams, per)  # every layer of this cache shares it
         return True
 
     def _build_cells(self, ub: UBatch, streams: list[int], per: int) -> Cells:
@@ -95,26 +104,34 @@ class KVCacheContext:
             return Cells(pos_t, seq_t, qp_t, qs_t)
         return Cells(pos_t, seq_t, qp_t, qs_t, swa.kind, swa.n_swa)
 
-    def _build_mask(self, ub: UBatch, streams: list[int], per: int) -> torch.Tensor:
+    def _build_mask(self, ub: UBatch, streams: list[int], per: int) -> KQMask:
         """[n_stream_ub, per, n_kv] additive mask: 0 where the query's sequence owns the cell,
-        the cell is not in its future, and (sliding window) not too far in its past."""
-        n_kv = self._n_kv
-        swa = self.cache.params.swa
-        out = np.empty((len(streams), per, n_kv), dtype=np.float32)
-        for b, s in enumerate(streams):
-            cells = self.cache.cells[s]
-            cp = cells.pos[:n_kv][None, :]  # [1, n_kv]
-            cs = cells.seq[:n_kv][None, :]
-            qp = ub.pos[b * per : (b + 1) * per].astype(np.int64)[:, None]  # [per, 1]
-            qs = ub.seq_id[b * per : (b + 1) * per].astype(np.uint64)[:, None]
-            vis = ((cs >> qs) & np.uint64(1)).astype(bool) & (cp <= qp) & (cp >= 0)
-            if swa is not None:
-                vis &= ~swa.masked(cp, qp)
-            out[b] = np.where(vis, np.float32(0.0), np.float32(-np.inf))
-        return torch.from_numpy(out)
+        the cell is not in its future, and (sliding window) not too far in its past. Built for
+        all streams at once, once per ubatch, on the cache's device."""
+        n_kv, swa = self._n_kv, self.cache.params.swa
+        cp = np.stack([self.cache.cells[s].pos[:n_kv] for s in streams])[:, None, :]  # [S, 1, n_kv]
+        cs = np.stack([self.cache.cells[s].seq[:n_kv] for s in streams])[:, None, :]
+        qp = ub.pos.astype(np.int64).reshape(len(streams), per, 1)  # [S, per, 1]
+        qs = ub.seq_id.astype(np.uint64).reshape(len(streams), per, 1)
+        vis = ((cs >> qs) & np.uint64(1)).astype(bool) & (cp <= qp) & (cp >= 0)
+        if swa is not None:
+            vis &= ~swa.masked(cp, qp)
+        mask = torch.from_numpy(np.where(vis, np.float32(0.0), np.float32(-np.inf)))
+        # a query sees at least its own cell, just written; checked here in numpy, not per layer
+        return KQMask(mask.to(self.cache.params.device), find_empty=not vis.any(-1).all())
 
     def layer_view(self, il: int) -> KVView:
         if self._rows is None or (self._mask is None and self._cells is None):
             raise RuntimeError("apply() the ubatch before computing it")
         c = self.cache
-        return KVView(c.k[il], c.v[il], self._rows, self._streams, self._n_kv, self._mask, self._cells)
+        return KVView(
+            c.k[il],
+            c.v[il],
+            c.k_rows[il],
+            c.v_rows[il],
+            self._rows,
+            self._streams,
+            self._n_kv,
+            self._mask,
+            self._cells,
+        )

@@ -91,7 +91,12 @@ class KVCells:
 
     def _seqs_of(self, cells: np.ndarray) -> list[int]:
         bits = int(np.bitwise_or.reduce(self.seq[cells])) if len(cells) else 0
-        return [s for s in range(64) if bits >> s & 1]
+        out = []
+        while bits:  # one step per sequence present, not per possible id
+            low = bits & -bits
+            out.append(low.bit_length() - 1)
+            bits ^= low
+        return out
 
     def seq_ids(self) -> list[int]:
         """Sequence ids present in this stream."""
@@ -186,7 +191,7 @@ class KVCells:
         """Place tokens in cells `idx`. A reused sliding-window cell loses its old token, and its
         sequence loses every earlier position too, so positions stay contiguous per sequence."""
         old = idx[self.pos[idx] != EMPTY]
-        for s in self._seqs_of(old):
+        for s in self._seqs_of(old) if len(old) else ():
             cut = int(self.pos[old][(self.seq[old] & seq_bit(s)) != 0].max())
             self.seq_rm(s, 0, cut + 1)
         self.pos[idx] = pos

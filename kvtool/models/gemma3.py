@@ -20,8 +20,9 @@ from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.kv_cells import SWAParams
 from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import HParams, SWAHParams, read_float
-from kvtool.models.layers import RopeParams, apply_rope, attend, geglu, rms_norm
+from kvtool.models.layers import attend, geglu, rms_norm
 from kvtool.models.linear import Embedding, Linear, LinearGroup, load_linear, output_linear
+from kvtool.models.rope import RopeParams, apply_rope
 
 SWA_PATTERN_DEFAULT = 6  # five sliding layers, then one global (when the GGUF has no pattern key)
 N_LAYER_27B = 62  # Gemma-3-27B scales queries by 1/sqrt(n_embd / n_head) instead of 1/sqrt(head_dim)
@@ -108,8 +109,7 @@ class Gemma3Model:
     def rope_shift(self, il: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Re-rotate cached K rows [n, n_head_kv, hd] of layer il by position deltas [n]."""
         p = self.rope(il)
-        cos, sin = p.cos_sin(delta)
-        return apply_rope(k, cos, sin, p)
+        return apply_rope(k, p.rotation(delta), p)
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
@@ -117,24 +117,24 @@ class Gemma3Model:
         n = ub.n_tokens
         x = self.tok_embd(torch.from_numpy(ub.token)) * self.embd_scale  # [n, n_embd]
         pos = torch.from_numpy(ub.pos).to(x.device)
-        rot_global, rot_swa = self.rope_global.cos_sin(pos), self.rope_swa.cos_sin(pos)  # [n, n_rot/2]
+        rot_global, rot_swa = self.rope_global.rotation(pos), self.rope_swa.rotation(pos)
         for il, L in enumerate(self.layers):
             rope = self.rope(il)
-            cos, sin = rot_swa if self.is_swa(il) else rot_global
+            rot = rot_swa if self.is_swa(il) else rot_global
             h = rms_norm(x, L.attn_norm, hp.eps)
             q, k, v = L.wqkv(h)
             q = q.reshape(n, hp.n_head, hp.head_dim_k)
             k = k.reshape(n, hp.n_head_kv[il], hp.head_dim_k)
             v = v.reshape(n, hp.n_head_kv[il], hp.head_dim_v)
-            q = apply_rope(rms_norm(q, L.q_norm, hp.eps), cos, sin, rope) * self.q_scale
-            k = apply_rope(rms_norm(k, L.k_norm, hp.eps), cos, sin, rope)
+            q = apply_rope(rms_norm(q, L.q_norm, hp.eps), rot, rope) * self.q_scale
+            k = apply_rope(rms_norm(k, L.k_norm, hp.eps), rot, rope)
             a = L.wo(attend(mctx.layer_view(il), q, k, v, 1.0))  # queries are pre-scaled, as in llama.cpp
             if il == hp.n_layer - 1:
                 out = torch.from_numpy(ub.output).to(x.device)  # only output rows need the rest
                 a, x = a[out], x[out]
-            x = x + rms_norm(a, L.attn_post_norm, hp.eps)
+            x += rms_norm(a, L.attn_post_norm, hp.eps)  # x is this forward's own tensor
             f = geglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
-            x = x + rms_norm(f, L.ffn_post_norm, hp.eps)
+            x += rms_norm(f, L.ffn_post_norm, hp.eps)
         logits = self.output(rms_norm(x, self.output_norm, hp.eps))
         if self.final_logit_softcap:
             c = self.final_logit_softcap

@@ -22,9 +22,10 @@ from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.recurrent import RecurrentSpec
 from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import GraniteScales, HParams, SSMHParams, read_int
-from kvtool.models.layers import RopeParams, apply_rope, attend, rms_norm, swiglu
+from kvtool.models.layers import attend, rms_norm, swiglu
 from kvtool.models.linear import Linear, LinearGroup, load_linear
 from kvtool.models.mamba2 import Mamba2Layer, Mamba2Mixer
+from kvtool.models.rope import RopeParams, Rotation, apply_rope
 
 
 def _opt(f: GGUFFile, name: str) -> torch.Tensor | None:
@@ -121,15 +122,14 @@ class GraniteHybridModel:
         """Re-rotate cached K rows [n, n_head_kv, hd] by position deltas [n] (nothing without rope)."""
         if self.rope is None:
             return k
-        cos, sin = self.rope.cos_sin(delta)
-        return apply_rope(k, cos, sin, self.rope)
+        return apply_rope(k, self.rope.rotation(delta), self.rope)
 
     def _attention(
         self,
         il: int,
         A: GraniteAttention,
         h: torch.Tensor,
-        rot: tuple[torch.Tensor, torch.Tensor] | None,
+        rot: Rotation | None,
         mctx: MemoryContext,
     ) -> torch.Tensor:
         hp, n = self.hp, h.shape[0]
@@ -137,8 +137,8 @@ class GraniteHybridModel:
         k = F.linear(h, A.wk, A.bk).view(n, hp.n_head_kv[il], hp.head_dim_k)
         v = F.linear(h, A.wv, A.bv).view(n, hp.n_head_kv[il], hp.head_dim_v)
         if self.rope is not None and rot is not None:
-            q = apply_rope(q, *rot, self.rope)
-            k = apply_rope(k, *rot, self.rope)
+            q = apply_rope(q, rot, self.rope)
+            k = apply_rope(k, rot, self.rope)
         return F.linear(attend(mctx.layer_view(il), q, k, v, self.kq_scale), A.wo, A.bo)
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
@@ -147,7 +147,7 @@ class GraniteHybridModel:
         x = self.tok_embd[torch.from_numpy(ub.token).to(self.tok_embd.device)]  # [n_tokens, n_embd]
         if sc.embedding:
             x = x * sc.embedding
-        rot = self.rope.cos_sin(torch.from_numpy(ub.pos).to(x.device)) if self.rope is not None else None
+        rot = self.rope.rotation(torch.from_numpy(ub.pos).to(x.device)) if self.rope is not None else None
         for il, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, hp.eps)
             if isinstance(L.mixer, Mamba2Layer):

@@ -1,8 +1,7 @@
-"""Building blocks shared by the architectures: norms, RoPE, feed-forward."""
+"""Building blocks shared by the architectures: norms, feed-forward, attention over the KV cache
+(RoPE is kvtool/models/rope.py)."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -14,64 +13,13 @@ from kvtool.models.linear import Linear, LinearGroup
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """x * w / sqrt(mean(x^2) + eps) over the last dim (ggml_rms_norm then a multiply)."""
-    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return y * w if w is not None else y
+    """x * w / sqrt(mean(x^2) + eps) over the last dim (ggml_rms_norm then a multiply).
 
-
-_ROPE_TABLE_MAX = 1 << 17  # positions beyond are computed directly, not tabled
-
-
-@dataclass(frozen=True)
-class RopeParams:
-    """llama.cpp's rope: `n_rot` dims rotated; NORM rotates adjacent pairs (2i, 2i+1),
-    NEOX rotates (i, i + n_rot/2). theta_i = pos * freq_scale * base^(-2i/n_rot) / factor_i."""
-
-    n_rot: int
-    base: float
-    freq_scale: float = 1.0
-    neox: bool = False
-    freq_factors: torch.Tensor | None = None  # [n_rot/2] (rope_freqs.weight), divides theta
-    # cos/sin per position 0..len-1, computed once and grown by doubling: the same float64
-    # arithmetic as `_cos_sin`, so a table row is bit-identical to computing it afresh
-    _table: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list, compare=False, repr=False)
-
-    def _cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # in float64 on the CPU whatever the device, so that every device rotates alike
-        half = self.n_rot // 2
-        inv = self.base ** (-2.0 * torch.arange(half, dtype=torch.float64) / self.n_rot)
-        if self.freq_factors is not None:
-            inv = inv / self.freq_factors.cpu().double()
-        theta = pos.cpu().double()[:, None] * self.freq_scale * inv[None, :]
-        return torch.cos(theta).float().to(pos.device), torch.sin(theta).float().to(pos.device)
-
-    def cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [n, n_rot/2] for positions (or position deltas) `pos` [n], on pos's device."""
-        if pos.numel() == 0 or int(pos.min()) < 0:  # negative deltas (seq_add): computed directly
-            return self._cos_sin(pos)
-        top = int(pos.max())
-        if top >= _ROPE_TABLE_MAX:
-            return self._cos_sin(pos)
-        table = self._table[0] if self._table else None
-        if table is None or top >= table[0].shape[0] or table[0].device != pos.device:
-            size = max(256, 1 << top.bit_length(), 0 if table is None else table[0].shape[0])
-            self._table[:] = [self._cos_sin(torch.arange(size, device=pos.device))]
-        cos, sin = self._table[0]
-        return cos[pos], sin[pos]
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, p: RopeParams) -> torch.Tensor:
-    """x [n, n_head, head_dim]; cos/sin [n, n_rot/2]. Dims past n_rot pass through."""
-    half = p.n_rot // 2
-    c, s = cos[:, None, :], sin[:, None, :]  # [n, 1, half]
-    xr, rest = x[..., : p.n_rot], x[..., p.n_rot :]
-    if p.neox:
-        a, b = xr[..., :half], xr[..., half:]
-        out = torch.cat([a * c - b * s, a * s + b * c], dim=-1)
-    else:
-        a, b = xr[..., 0::2], xr[..., 1::2]
-        out = torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
-    return torch.cat([out, rest], dim=-1) if rest.shape[-1] else out
+    One torch op, bit-identical in float32 to the spelled-out formula; a weight that is not
+    one value per element of the last dim (Mamba-2's per-group norm) is broadcast after."""
+    if w is None or w.shape == x.shape[-1:]:
+        return torch.rms_norm(x, x.shape[-1:], w, eps)
+    return torch.rms_norm(x, x.shape[-1:], None, eps) * w
 
 
 def swiglu(x: torch.Tensor, gate_up: LinearGroup, down: Linear) -> torch.Tensor:
@@ -107,13 +55,11 @@ def attend(view: KVView, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
     q [n, n_head, d_k], k [n, n_head_kv, d_k], v [n, n_head_kv, d_v] -> [n, n_head * d_v].
     The cache is read in its own type (f16/bf16/f32): the kernel upcasts inside."""
     n = q.shape[0]
-    kc, vc = view.k, view.v  # [n_stream, n_cells, n_head_kv, d]
-    store_kv(kc.view(-1, kc.shape[2] * kc.shape[3]), k.reshape(n, -1), view.rows)
-    store_kv(vc.view(-1, vc.shape[2] * vc.shape[3]), v.reshape(n, -1), view.rows)
+    store_kv(view.k_rows, k.reshape(n, -1), view.rows)
+    store_kv(view.v_rows, v.reshape(n, -1), view.rows)
     n_s = view.streams.stop - view.streams.start
     qs = q.reshape(n_s, n // n_s, q.shape[1], q.shape[2])  # [n_stream_ub, n / n_stream_ub, n_head, d_k]
-    ks = kc[view.streams, : view.n_kv]  # [n_stream_ub, n_kv, n_head_kv, d_k]
-    vs = vc[view.streams, : view.n_kv]
+    ks, vs = view.attended()  # [n_stream_ub, n_kv, n_head_kv, d]
     if view.cells is not None:  # on CUDA: the kernel decides visibility from the cells
         return attention_cells(qs, ks, vs, view.cells, scale).reshape(n, -1)
     assert view.mask is not None

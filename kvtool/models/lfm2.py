@@ -27,9 +27,10 @@ from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
 from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import HParams, read_int
-from kvtool.models.layers import RopeParams, apply_rope, attend, rms_norm, swiglu
+from kvtool.models.layers import attend, rms_norm, swiglu
 from kvtool.models.linear import Linear, LinearGroup, load_linear
 from kvtool.models.mamba_layers import seq_blocks, store
+from kvtool.models.rope import RopeParams, Rotation, apply_rope
 
 
 @dataclass
@@ -108,8 +109,7 @@ class Lfm2Model:
 
     def rope_shift(self, il: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Re-rotate cached K rows [n, n_head_kv, hd] by position deltas [n]."""
-        cos, sin = self.rope.cos_sin(delta)
-        return apply_rope(k, cos, sin, self.rope)
+        return apply_rope(k, self.rope.rotation(delta), self.rope)
 
     def _short_conv(self, L: ShortConv, h: torch.Tensor, ub: UBatch, view: RSView) -> torch.Tensor:
         b, c, x = seq_blocks(F.linear(h, L.in_proj), ub).chunk(3, dim=-1)  # [n_seqs, T, n_embd] each
@@ -122,22 +122,22 @@ class Lfm2Model:
         il: int,
         A: Lfm2Attention,
         h: torch.Tensor,
-        rot: tuple[torch.Tensor, torch.Tensor],
+        rot: Rotation,
         mctx: MemoryContext,
     ) -> torch.Tensor:
         hp, n = self.hp, h.shape[0]
         q = F.linear(h, A.wq).view(n, hp.n_head, hp.head_dim_k)
         k = F.linear(h, A.wk).view(n, hp.n_head_kv[il], hp.head_dim_k)
         v = F.linear(h, A.wv).view(n, hp.n_head_kv[il], hp.head_dim_v)
-        q = apply_rope(rms_norm(q, A.q_norm, hp.eps), *rot, self.rope)
-        k = apply_rope(rms_norm(k, A.k_norm, hp.eps), *rot, self.rope)
+        q = apply_rope(rms_norm(q, A.q_norm, hp.eps), rot, self.rope)
+        k = apply_rope(rms_norm(k, A.k_norm, hp.eps), rot, self.rope)
         return F.linear(attend(mctx.layer_view(il), q, k, v, self.kq_scale), A.wo)
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
         hp = self.hp
         x = self.tok_embd[torch.from_numpy(ub.token).to(self.tok_embd.device)]  # [n_tokens, n_embd]
-        rot = self.rope.cos_sin(torch.from_numpy(ub.pos).to(x.device))
+        rot = self.rope.rotation(torch.from_numpy(ub.pos).to(x.device))
         for il, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, hp.eps)
             if isinstance(L.mixer, ShortConv):

@@ -13,8 +13,9 @@ from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import HParams
-from kvtool.models.layers import RopeParams, apply_rope, attend, rms_norm, swiglu
+from kvtool.models.layers import attend, rms_norm, swiglu
 from kvtool.models.linear import Embedding, Linear, LinearGroup, load_linear, output_linear
+from kvtool.models.rope import RopeParams, apply_rope
 
 
 @dataclass
@@ -70,15 +71,14 @@ class LlamaModel:
 
     def rope_shift(self, il: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """Re-rotate cached K rows [n, n_head_kv, hd] by position deltas [n]."""
-        cos, sin = self.rope.cos_sin(delta)
-        return apply_rope(k, cos, sin, self.rope)
+        return apply_rope(k, self.rope.rotation(delta), self.rope)
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
         hp = self.hp
         n = ub.n_tokens
         x = self.tok_embd(torch.from_numpy(ub.token))  # [n, n_embd]
-        cos, sin = self.rope.cos_sin(torch.from_numpy(ub.pos).to(x.device))
+        rot = self.rope.rotation(torch.from_numpy(ub.pos).to(x.device))
         scale = 1.0 / math.sqrt(hp.head_dim_k)
         for il, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, hp.eps)
@@ -86,10 +86,10 @@ class LlamaModel:
             q = q.reshape(n, hp.n_head, hp.head_dim_k)
             k = k.reshape(n, hp.n_head_kv[il], hp.head_dim_k)
             v = v.reshape(n, hp.n_head_kv[il], hp.head_dim_v)
-            q = apply_rope(q, cos, sin, self.rope)
-            k = apply_rope(k, cos, sin, self.rope)
-            x = x + L.wo(attend(mctx.layer_view(il), q, k, v, scale))
+            q = apply_rope(q, rot, self.rope)
+            k = apply_rope(k, rot, self.rope)
+            x += L.wo(attend(mctx.layer_view(il), q, k, v, scale))  # x is this forward's own tensor
             if il == hp.n_layer - 1:
                 x = x[torch.from_numpy(ub.output).to(x.device)]  # only output rows need the rest
-            x = x + swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
+            x += swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
         return self.output(rms_norm(x, self.output_norm, hp.eps))

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from kvtool.kernels.attention import attention_ref, attention_triton
+from kvtool.kernels.attention import KQMask, attention_ref, attention_triton
 from tests.kernels.attention_inputs import CASES, TOL, Case, Pick, make_inputs, random_case
 
 
@@ -86,3 +86,33 @@ def test_reference_matches_naive_float64(case: Case) -> None:
     scale = 1.0 / math.sqrt(case.head_dim)
     got = attention_ref(q, k, v, mask, scale)
     torch.testing.assert_close(got.double(), naive_attention(q, k, v, mask, scale), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n_q", [1, 3], ids=["decode", "prompt"])
+def test_mask_prepared_once_serves_every_layer(n_q: int) -> None:
+    # One KQMask per ubatch, shared by layers of different group sizes and asked for again,
+    # gives what a mask prepared afresh per layer gives, and the math (a row that sees nothing
+    # gives zeros, not NaN).
+    S, n_kv, H, D = 2, 9, 6, 8
+    g = torch.Generator().manual_seed(n_q)
+    mask = torch.zeros(S, n_q, n_kv)
+    mask[0, :, 5:] = float("-inf")
+    mask[1, -1, :] = float("-inf")  # a row that sees no key
+    shared = KQMask(mask)
+    assert shared.empty is not None
+    for n_head_kv in (6, 3, 2, 1, 3):
+        q = torch.randn(S, n_q, H, D, generator=g)
+        k, v = torch.randn(2, S, n_kv, n_head_kv, D, generator=g)
+        got = attention_ref(q, k, v, shared, 0.3)
+        assert torch.equal(got, attention_ref(q, k, v, KQMask(mask.clone()), 0.3))
+        torch.testing.assert_close(got.double(), naive_attention(q, k, v, mask, 0.3), atol=1e-5, rtol=1e-5)
+        assert (got[1, -1] == 0).all()
+
+
+def test_mask_without_empty_rows_needs_no_fixup() -> None:
+    mask = torch.zeros(1, 2, 4)
+    mask[0, 0, 3] = float("-inf")
+    m = KQMask(mask)
+    assert m.empty is None
+    assert m.grouped(2).shape == (1, 1, 4, 4) and m.grouped(1).shape == (1, 1, 2, 4)
+    assert torch.equal(m.grouped(2)[0, 0, 2:], mask[0])  # rows: (head in group, query)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from kvtool.batch import Batch, BatchAllocator, DecodeError
@@ -83,3 +85,45 @@ def test_split_equal_sequential_rejects_shared_tokens() -> None:
     a = alloc(b)
     with pytest.raises(DecodeError, match="kv-unified"):
         a.split_equal(8, sequential=True)
+
+
+def _rules_hold(pos: list[int], seqs: list[int], last: dict[int, int]) -> bool:
+    """llama_batch_allocr's sequence rules, one token at a time (the plain model)."""
+    per: dict[int, list[int]] = {}
+    for p, s in zip(pos, seqs, strict=True):
+        if per.get(s) and p < per[s][-1]:
+            return False
+        per.setdefault(s, []).append(p)
+    for s, ps in per.items():
+        if last.get(s, -1) >= 0 and ps[0] != last[s] + 1:
+            return False
+        if max(ps) - min(ps) + 1 > len(set(ps)):
+            return False
+    return True
+
+
+def test_array_checks_agree_with_the_rules_token_by_token() -> None:
+    rng = random.Random(7)
+    seen = {True: 0, False: 0}
+    for _ in range(600):
+        n_seq = rng.randint(1, 4)
+        last = {s: rng.choice([-1, 3, 10]) for s in range(n_seq)}
+        nxt = {s: last[s] + 1 for s in range(n_seq)}
+        pos, seqs = [], []
+        for _ in range(rng.randint(1, 12)):
+            s = rng.randrange(n_seq)
+            p = nxt[s] + rng.choice([0] * 12 + [1, -1, 2, -2])  # now and then a broken rule
+            nxt[s] = p + 1
+            pos.append(p)
+            seqs.append(s)
+        b = Batch()
+        for p, s in zip(pos, seqs, strict=True):
+            b.add(1, p, [s], False)
+        ok = _rules_hold(pos, seqs, last)
+        seen[ok] += 1
+        if ok:
+            alloc(b, last)
+        else:
+            with pytest.raises(DecodeError):
+                alloc(b, last)
+    assert min(seen.values()) > 100  # both verdicts were exercised

@@ -19,15 +19,19 @@ MODELS = Path(__file__).parent.parent / "data" / "tiny" / "models"
 KVTOOL = [sys.executable, "-m", "kvtool.commands"]
 
 
-def _tensor_bytes(obj: object, seen: set[int] | None = None) -> int:
-    """Bytes of every distinct torch tensor reachable from `obj`'s attributes: what the memory
+def _tensor_bytes(obj: object, seen: set[object] | None = None) -> int:
+    """Bytes of every distinct torch storage reachable from `obj`'s attributes: what the memory
     really allocated (the independent measure the estimate is checked against)."""
     seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):  # views of one storage (the cache's row views) count once
+        key = ("storage", obj.untyped_storage().data_ptr())
+        if key in seen:
+            return 0
+        seen.add(key)
+        return obj.untyped_storage().nbytes()
     if id(obj) in seen:
         return 0
     seen.add(id(obj))
-    if isinstance(obj, torch.Tensor):
-        return obj.untyped_storage().nbytes()
     if isinstance(obj, dict):
         return sum(_tensor_bytes(v, seen) for v in obj.values())
     if isinstance(obj, list | tuple):
