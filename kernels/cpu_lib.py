@@ -91,7 +91,9 @@ def load(path: Path) -> ctypes.CDLL | None:
     lib.kvq_matmul.restype = ctypes.c_int
     lib.kvq_matmul_w.argtypes = [ctypes.c_void_p, ptr, i64, i64, ptr]
     lib.kvq_matmul_w.restype = ctypes.c_int
-    lib.kvq_ffn_swiglu.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ptr, i64, i64, ptr]
+    lib.kvq_matmul_norm.argtypes = [ctypes.c_void_p, ptr, i64, i64, ptr, ptr, ctypes.c_float]
+    lib.kvq_matmul_norm.restype = ctypes.c_int
+    lib.kvq_ffn_swiglu.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ptr, i64, i64, ptr, ptr, ctypes.c_float]
     lib.kvq_ffn_swiglu.restype = ctypes.c_int
     lib.kvq_set_threads.argtypes = [ctypes.c_int]
     lib.kvq_set_threads.restype = ctypes.c_int

@@ -382,8 +382,9 @@ int kvq_avx2(void) {
  * seg_rows[s] rows each (GGUF blocks, `row_bytes` a row), stacked along n_out; y [n, n_out]
  * float32 (rows ldy apart). k must be a multiple of 32 (of 256 for Q4_K and Q6_K). Returns 0,
  * or -1 for a bad call. */
-int kvq_matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, int nseg, int64_t row_bytes,
-               int64_t k, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy) {
+static int matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, int nseg, int64_t row_bytes,
+                  int64_t k, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy, const float *norm_w,
+                  float eps) {
     const int64_t block = type == T_Q4_K || type == T_Q6_K ? QK_K : QK;
     if (!kvq_supported(type) || k % block || n < 0 || nseg < 1 || nseg > MAX_SEGS) return -1;
     job_t J = {.f = {type, row_bytes}, .nseg = nseg, .k = k, .n = n, .y = y, .ldy = ldy};
@@ -399,16 +400,34 @@ int kvq_matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, int 
     const int64_t nu = k / QK;
     int8_t *qx = malloc((size_t)(n * k));
     float *dx = malloc(sizeof(float) * (size_t)(n * nu)), *sx = malloc(sizeof(float) * (size_t)(n * nu));
-    if (!qx || !dx || !sx) {
-        free(qx), free(dx), free(sx);
+    float *normed = norm_w ? malloc(sizeof(float) * (size_t)k) : NULL;
+    if (!qx || !dx || !sx || (norm_w && !normed)) {
+        free(qx), free(dx), free(sx), free(normed);
         return -1;
     }
-    for (int64_t i = 0; i < n; i++) quantize_row(x + i * ldx, k, qx + i * k, dx + i * nu, sx + i * nu);
+    for (int64_t i = 0; i < n; i++) {
+        const float *xi = x + i * ldx;
+        if (norm_w) { /* RMS norm as ggml computes it: the sum of squares in double, then x * scale * w */
+            double ss = 0.0;
+            for (int64_t j = 0; j < k; j++) ss += (double)xi[j] * xi[j];
+            const float mean = (float)(ss / (double)k);
+            const float scale = 1.0f / sqrtf(mean + eps);
+            for (int64_t j = 0; j < k; j++) normed[j] = (xi[j] * scale) * norm_w[j];
+            xi = normed;
+        }
+        quantize_row(xi, k, qx + i * k, dx + i * nu, sx + i * nu);
+    }
+    free(normed);
 
     J.qx = qx, J.dx = dx, J.sx = sx;
     kv_parallel(matmul_rows, &J, n_out, 4);
     free(qx), free(dx), free(sx);
     return 0;
+}
+
+int kvq_matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, int nseg, int64_t row_bytes,
+               int64_t k, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy) {
+    return matmul(type, ws, seg_rows, nseg, row_bytes, k, x, ldx, n, y, ldy, NULL, 0.0f);
 }
 
 /* Threads (the caller included) that the kernels use; returns the number set. */
@@ -424,19 +443,26 @@ typedef struct {
 } kvq_weight;
 
 int kvq_matmul_w(const kvq_weight *w, const float *x, int64_t ldx, int64_t n, float *y) {
-    return kvq_matmul(w->type, w->ws, w->seg_rows, w->nseg, w->row_bytes, w->k, x, ldx, n, y, w->n_out);
+    return matmul(w->type, w->ws, w->seg_rows, w->nseg, w->row_bytes, w->k, x, ldx, n, y, w->n_out, NULL, 0.0f);
+}
+
+/* y = rms_norm(x) * norm_w @ W.T: the norm applied to each row on its way to quantization (in
+ * the models a normed row feeds only the matmul after it). */
+int kvq_matmul_norm(const kvq_weight *w, const float *x, int64_t ldx, int64_t n, float *y, const float *norm_w,
+                    float eps) {
+    return matmul(w->type, w->ws, w->seg_rows, w->nseg, w->row_bytes, w->k, x, ldx, n, y, w->n_out, norm_w, eps);
 }
 
 /* A SwiGLU feed-forward in one call: y = down(silu(gate(x)) * up(x)), `gate_up` holding the gate
- * rows then the up rows (n_out 2 * n_ff), `down` taking n_ff columns. The hidden rows are
- * quantized like any activation before `down`. */
+ * rows then the up rows (n_out 2 * n_ff), `down` taking n_ff columns; x is RMS-normed with
+ * norm_w first unless norm_w is NULL. The hidden rows are quantized like any activation. */
 int kvq_ffn_swiglu(const kvq_weight *gate_up, const kvq_weight *down, const float *x, int64_t ldx, int64_t n,
-                   float *y) {
+                   float *y, const float *norm_w, float eps) {
     const int64_t n_ff = gate_up->n_out / 2;
     if (gate_up->n_out % 2 || down->k != n_ff) return -1;
     float *g = malloc(sizeof(float) * (size_t)(n * gate_up->n_out));
     if (!g) return -1;
-    int rc = kvq_matmul_w(gate_up, x, ldx, n, g);
+    int rc = kvq_matmul_norm(gate_up, x, ldx, n, g, norm_w, eps);
     if (rc == 0) {
         for (int64_t i = 0; i < n; i++) {
             float *gi = g + i * gate_up->n_out; /* the hidden row overwrites the gate half */

@@ -82,8 +82,11 @@ class QWeight:
         self._desc = _Weight(self.qtype, self._nseg, self._ptrs, self._rows, self.row_bytes, k, self.n_out)
         self._desc_ptr = ctypes.addressof(self._desc)
 
-    def __call__(self, x: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-        """x [n, K] float32 -> x @ W.T [n, N] float32 (with `lib`, another build of the kernel)."""
+    def __call__(
+        self, x: torch.Tensor, lib: ctypes.CDLL | None = None, norm: tuple[torch.Tensor, float] | None = None
+    ) -> torch.Tensor:
+        """x [n, K] float32 -> x @ W.T [n, N] float32 (with `lib`, another build of the kernel).
+        `norm` = (w [K] float32, eps): each row RMS-normed and scaled by w first."""
         lib = lib or _lib()
         assert lib is not None
         if x.dim() != 2 or x.shape[1] != self.k:
@@ -92,17 +95,36 @@ class QWeight:
             x = x.float().contiguous()
         n = x.shape[0]
         y = torch.empty(n, self.n_out)
-        rc = lib.kvq_matmul_w(self._desc_ptr, x.data_ptr(), x.stride(0), n, y.data_ptr())
+        if norm is None:
+            rc = lib.kvq_matmul_w(self._desc_ptr, x.data_ptr(), x.stride(0), n, y.data_ptr())
+        else:
+            w = _norm_weight(norm[0], self.k)
+            rc = lib.kvq_matmul_norm(
+                self._desc_ptr, x.data_ptr(), x.stride(0), n, y.data_ptr(), w.data_ptr(), norm[1]
+            )
         if rc != 0:
             raise ValueError(f"qmatmul: bad call (type {self.qtype}, K {self.k}, x {tuple(x.shape)})")
         return y
 
 
+def _norm_weight(w: torch.Tensor, k: int) -> torch.Tensor:
+    if w.dtype != torch.float32 or not w.is_contiguous() or w.numel() != k:
+        if w.numel() != k:
+            raise ValueError(f"a norm weight of {w.numel()} for rows of {k}")
+        w = w.float().contiguous()
+    return w
+
+
 def ffn_swiglu(
-    x: torch.Tensor, gate_up: QWeight, down: QWeight, lib: ctypes.CDLL | None = None
+    x: torch.Tensor,
+    gate_up: QWeight,
+    down: QWeight,
+    lib: ctypes.CDLL | None = None,
+    norm: tuple[torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
-    """down(silu(gate(x)) * up(x)) in one call, `gate_up` stacking the gate then the up weight;
-    the hidden rows are quantized like any activation. Spec: `ffn_swiglu_ref`."""
+    """down(silu(gate(x)) * up(x)) in one call, `gate_up` stacking the gate then the up weight,
+    x first RMS-normed and scaled by norm = (w, eps) if given; the hidden rows are quantized like
+    any activation. Spec: `ffn_swiglu_ref`."""
     lib = lib or _lib()
     assert lib is not None
     if x.dim() != 2 or x.shape[1] != gate_up.k or gate_up.n_out != 2 * down.k:
@@ -112,8 +134,10 @@ def ffn_swiglu(
     if x.dtype != torch.float32 or x.stride(-1) != 1:
         x = x.float().contiguous()
     y = torch.empty(x.shape[0], down.n_out)
+    w = _norm_weight(norm[0], gate_up.k) if norm is not None else None
+    args = (w.data_ptr() if w is not None else None, norm[1] if norm is not None else 0.0)
     if lib.kvq_ffn_swiglu(
-        gate_up._desc_ptr, down._desc_ptr, x.data_ptr(), x.stride(0), x.shape[0], y.data_ptr()
+        gate_up._desc_ptr, down._desc_ptr, x.data_ptr(), x.stride(0), x.shape[0], y.data_ptr(), *args
     ):
         raise ValueError("ffn_swiglu: bad call")
     return y
@@ -141,6 +165,12 @@ def qmatmul_ref(x: torch.Tensor, w: torch.Tensor, qtype: int, shape: tuple[int, 
     q, d = quantize_rows_ref(x)
     xq = (q * d).reshape(x.shape[0], -1).double()
     return (xq @ dequantize(w, qtype, shape).double().T).float()
+
+
+def rms_norm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """ggml's RMS norm (the sum of squares in float64), then the weight."""
+    mean = (x.double().pow(2).sum(-1, keepdim=True) / x.shape[-1]).float()
+    return (x * (1.0 / torch.sqrt(mean + eps))) * w
 
 
 def ffn_swiglu_ref(
