@@ -31,6 +31,14 @@ def swiglu(x: torch.Tensor, gate_up: LinearGroup, down: Linear) -> torch.Tensor:
     return down(F.silu(gate) * up)
 
 
+def swiglu_normed(
+    x: torch.Tensor, w: torch.Tensor, eps: float, gate_up: LinearGroup, down: Linear
+) -> torch.Tensor:
+    """swiglu(rms_norm(x, w, eps)), the norm inside the compiled call where that applies."""
+    y = swiglu_native(x, gate_up, down, norm=(w, eps))
+    return y if y is not None else swiglu(rms_norm(x, w, eps), gate_up, down)
+
+
 _SQRT_2_OVER_PI = 0.79788456080286535587989211986876
 _GELU_COEF_A = 0.044715
 

@@ -13,8 +13,8 @@ from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import HParams
-from kvtool.models.layers import attend, rms_norm, swiglu
-from kvtool.models.linear import Embedding, Linear, LinearGroup, load_linear, output_linear
+from kvtool.models.layers import attend, rms_norm, swiglu_normed
+from kvtool.models.linear import Embedding, Linear, LinearGroup, linear_normed, load_linear, output_linear
 from kvtool.models.rope import RopeParams, apply_rope
 
 
@@ -81,8 +81,7 @@ class LlamaModel:
         rot = self.rope.rotation(torch.from_numpy(ub.pos).to(x.device))
         scale = 1.0 / math.sqrt(hp.head_dim_k)
         for il, L in enumerate(self.layers):
-            h = rms_norm(x, L.attn_norm, hp.eps)
-            q, k, v = L.wqkv(h)
+            q, k, v = L.wqkv.normed(x, L.attn_norm, hp.eps, rms_norm)
             q = q.reshape(n, hp.n_head, hp.head_dim_k)
             k = k.reshape(n, hp.n_head_kv[il], hp.head_dim_k)  # v stays rows [n, n_head_kv * hd_v]
             q = apply_rope(q, rot, self.rope)
@@ -90,5 +89,5 @@ class LlamaModel:
             x += L.wo(attend(mctx.layer_view(il), q, k, v, scale))  # x is this forward's own tensor
             if il == hp.n_layer - 1 and not ub.output.all():
                 x = x[torch.from_numpy(ub.output).to(x.device)]  # only output rows need the rest
-            x += swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
-        return self.output(rms_norm(x, self.output_norm, hp.eps))
+            x += swiglu_normed(x, L.ffn_norm, hp.eps, L.ffn_gate_up, L.ffn_down)
+        return linear_normed(self.output, x, self.output_norm, hp.eps, rms_norm)
