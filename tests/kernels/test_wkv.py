@@ -23,22 +23,29 @@ from tests.kernels.sm90 import compile_in_subprocess, compile_sm90
 
 @dataclass(frozen=True)
 class Wkv:
-    """One wkv kernel: its module and name, its float64 recurrence and inputs, which of the
-    operands are per token (the others, but the state, per head), and its test shapes."""
+    """One wkv kernel: its module, its test module (its float64 recurrence `naive_<name>`,
+    `make_inputs`, the `SHAPES` and `CHUNKS` checked here), how many of the operands are per
+    token (those after them, but the state, are per head), the seed of its random shapes and its
+    kernel's largest BV."""
 
     mod: ModuleType
-    name: str
-    naive: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-    make_inputs: Callable[..., tuple[torch.Tensor, ...]]
+    tests: ModuleType
     n_token_args: int
-    shapes: list[tuple[int, int, int, int]]
-    chunks: list[int]
-    seed: int  # of the random shapes
-    cpu_call: str  # a call on x [1, 2, 1, 16] in a process without triton
-    block_v: int  # the kernel's largest BV
+    seed: int
+    block_v: int
+
+    @property
+    def name(self) -> str:
+        return self.mod.__name__.rsplit(".", 1)[-1]
 
     def fn(self, form: str = "") -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
         return getattr(self.mod, self.name + form)
+
+    def naive(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return getattr(self.tests, f"naive_{self.name}")(*args)
+
+    def make_inputs(self, B: int, T: int, H: int, N: int, seed: int) -> tuple[torch.Tensor, ...]:
+        return self.tests.make_inputs(B, T, H, N, seed=seed)
 
     def with_tokens(self, args: tuple[torch.Tensor, ...], t0: int, t1: int) -> list[torch.Tensor]:
         """`args` with the per-token operands cut to tokens [t0, t1), the state left out."""
@@ -46,30 +53,8 @@ class Wkv:
         return [x[:, t0:t1] for x in args[:n]] + list(args[n:-1])
 
 
-WKV6 = Wkv(
-    wkv6_mod,
-    "wkv6",
-    test_wkv6.naive_wkv6,
-    test_wkv6.make_inputs,
-    4,
-    shapes=[(1, 1, 1, 16), (2, 5, 3, 16), (1, 33, 2, 8), (3, 70, 2, 16), (1, 40, 1, 64)],
-    chunks=[1, 7, 16, 64],
-    seed=100,
-    cpu_call="wkv6(x, x, x, -x.abs(), torch.ones(1, 16), torch.zeros(1, 1, 16, 16))",
-    block_v=64,
-)
-WKV7 = Wkv(
-    wkv7_mod,
-    "wkv7",
-    test_wkv7.naive_wkv7,
-    test_wkv7.make_inputs,
-    6,
-    shapes=[(1, 1, 1, 16), (2, 5, 3, 16), (1, 33, 2, 8), (3, 40, 2, 16), (1, 37, 1, 64)],
-    chunks=[1, 5, 16, 32],
-    seed=200,
-    cpu_call="wkv7(x, -x.abs(), x, x, x, x, torch.zeros(1, 1, 16, 16))",
-    block_v=32,
-)
+WKV6 = Wkv(wkv6_mod, test_wkv6, n_token_args=4, seed=100, block_v=64)
+WKV7 = Wkv(wkv7_mod, test_wkv7, n_token_args=6, seed=200, block_v=32)
 KERNELS = [WKV6, WKV7]
 
 
@@ -78,7 +63,7 @@ def _cases(values: Callable[[Wkv], Iterable[object]]) -> list[Any]:  # pytest.pa
     return [pytest.param(w, v, id=f"{w.name}-{v}") for w in KERNELS for v in values(w)]
 
 
-@pytest.mark.parametrize(("w", "shape"), _cases(lambda w: w.shapes))
+@pytest.mark.parametrize(("w", "shape"), _cases(lambda w: w.tests.SHAPES))
 def test_reference_matches_recurrence(w: Wkv, shape: tuple[int, int, int, int]) -> None:
     args = w.make_inputs(*shape, seed=sum(shape))
     want_out, want_states = w.naive(*args)
@@ -99,7 +84,7 @@ def test_step_form_matches_recurrence(w: Wkv) -> None:
     torch.testing.assert_close(state.double(), want_states[:, -1], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("w", "chunk"), _cases(lambda w: w.chunks))
+@pytest.mark.parametrize(("w", "chunk"), _cases(lambda w: w.tests.CHUNKS))
 def test_chunk_size_does_not_change_result(w: Wkv, chunk: int) -> None:
     args = w.make_inputs(2, 45, 2, 16, seed=9)
     want_out, want_states = w.naive(*args)
@@ -149,14 +134,13 @@ def test_dispatcher_on_cpu_uses_reference(w: Wkv, monkeypatch: pytest.MonkeyPatc
 def test_imports_without_triton(w: Wkv) -> None:
     code = (
         "import sys; sys.modules['triton'] = None\n"
-        "import torch\n"
         f"from kvtool.kernels import {w.name}\n"
+        f"from {w.tests.__name__} import make_inputs\n"
         f"assert {w.name}.triton is None\n"
-        "x = torch.randn(1, 2, 1, 16)\n"
-        f"out, s = {w.name}.{w.cpu_call}\n"
+        f"out, s = {w.name}.{w.name}(*make_inputs(1, 2, 1, 16, seed=0))\n"
         "assert out.shape == (1, 2, 1, 16) and s.shape == (1, 1, 1, 16, 16)\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2], timeout=120)
 
 
 def compile_kernels() -> None:  # runs in `compile_in_subprocess`

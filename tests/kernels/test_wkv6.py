@@ -36,6 +36,11 @@ def make_inputs(B: int, T: int, H: int, N: int, seed: int, decay_scale: float = 
     return r, k, v, w_log, u, state
 
 
+# what test_wkv checks the references with: shapes [B, T, H, N] and chunk lengths
+SHAPES = [(1, 1, 1, 16), (2, 5, 3, 16), (1, 33, 2, 8), (3, 70, 2, 16), (1, 40, 1, 64)]
+CHUNKS = [1, 7, 16, 64]
+
+
 def test_extreme_decay_stays_finite() -> None:
     # w_log = -1e4 (w underflows to 0) next to w_log = -1e-9 (w rounds to 1): the chunked form
     # only ever exponentiates sums of log-decays, so nothing overflows.

@@ -37,6 +37,11 @@ def make_inputs(B: int, T: int, H: int, N: int, seed: int):  # type: ignore[no-u
     return r, w_log, k, v, -kk, kk * iclr, state
 
 
+# what test_wkv checks the references with: shapes [B, T, H, N] and chunk lengths
+SHAPES = [(1, 1, 1, 16), (2, 5, 3, 16), (1, 33, 2, 8), (3, 40, 2, 16), (1, 37, 1, 64)]
+CHUNKS = [1, 5, 16, 32]
+
+
 def test_long_prompt_stays_bounded() -> None:
     # The delta rule keeps the state bounded; the chunked triangular solves must not amplify
     # rounding over many chunks.
