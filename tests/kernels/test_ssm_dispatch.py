@@ -11,6 +11,7 @@ import torch
 
 from kvtool.kernels import ssd as ssd_mod
 from kvtool.kernels import ssm_scan as scan_mod
+from tests.kernels import test_ssd, test_ssm_scan
 from tests.kernels.sm90 import compile_in_subprocess, compile_sm90
 
 
@@ -75,6 +76,24 @@ def test_accepted_tensors_take_the_kernel(mod, name, inputs, monkeypatch: pytest
         y0, h0 = kernel(*inputs(T), T)
         assert torch.equal(y, y0) and torch.equal(h, h0)
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize(
+    ("mod", "name", "tests", "shape"),
+    [
+        (scan_mod, "ssm_scan", test_ssm_scan, (3, 1, 16, 8, 7)),  # S, T, D, N, seed
+        (ssd_mod, "ssd", test_ssd, (3, 1, 4, 8, 2, 16, 5)),  # S, T, H, P, G, N, seed
+    ],
+    ids=["ssm_scan", "ssd"],
+)
+def test_step_is_one_token_of_the_scan(mod, name, tests, shape) -> None:  # type: ignore[no-untyped-def]
+    s, x, dt, A, B, C = tests.case(*shape)
+    y, h = getattr(mod, f"{name}_step_ref")(s, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0])
+    y0, h0 = tests.naive(s, x, dt, A, B, C)
+    torch.testing.assert_close(y.double(), y0[:, 0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h.double(), h0[:, 0], rtol=1e-5, atol=1e-5)
+    y1, h1 = getattr(mod, name)(s, x, dt, A, B, C)  # the dispatcher takes the step form
+    assert torch.equal(y1[:, 0], y) and torch.equal(h1[:, 0], h)
 
 
 def compile_all() -> None:  # runs in `compile_in_subprocess`
