@@ -12,8 +12,10 @@ import torch
 
 def _wanted() -> bool:
     """Triton is imported only where a kernel can run in it: a CUDA device, or its interpreter
-    (TRITON_INTERPRET=1, the tests). Elsewhere the import would only cost startup (~0.3 s)."""
-    return os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+    (TRITON_INTERPRET=1, the tests); KVTOOL_TRITON=1 imports it anyway (the tests that compile
+    the kernels for a GPU ahead of time). Elsewhere the import would only cost startup (~0.3 s)."""
+    env = os.environ.get
+    return env("TRITON_INTERPRET") == "1" or env("KVTOOL_TRITON") == "1" or torch.cuda.is_available()
 
 
 try:

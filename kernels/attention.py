@@ -14,6 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import attention_cpu
 from ._triton import jit, tl, triton, use_triton
 from .attention_split import _NOMINAL_SMS, _attention_reduce_kernel, _n_split, _rows, _store_out
 from .visibility import SWA_KINDS, Cells, _visible, visibility_mask
@@ -322,10 +323,13 @@ def _launch(
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | KQMask, scale: float
 ) -> torch.Tensor:
-    """Attention per stream (see `attention_ref`): Triton on CUDA tensors, the reference elsewhere."""
+    """Attention per stream (see `attention_ref`): Triton on CUDA tensors; on the CPU the compiled
+    kernel for a few query rows per stream (decode), the reference (torch's SDPA) for more."""
     dense = mask.mask if isinstance(mask, KQMask) else mask
     if use_triton(q, k, v, dense):
         return attention_triton(q, k, v, dense, scale)
+    if attention_cpu.applies(q, k, v):
+        return attention_cpu.attention_cpu(q, k, v, dense, scale)
     return attention_ref(q, k, v, mask, scale)
 
 

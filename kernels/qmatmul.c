@@ -7,23 +7,15 @@
  * 32-element sub-block d * sc * q - dmin * m), Q6_K (per 16 elements d * sc * (q - 32)). AVX2 when the compiler targets it, portable C otherwise; both give
  * the same integer sums, and float sums that differ only in order.
  *
- * Threads: a small pool of its own (the caller computes one share); workers spin briefly, then
- * sleep on a futex, so they cost nothing between tokens. kernels/qmatmul.py compiles this file
- * for the machine it runs on and is its only caller; qmatmul_ref there is the specification. */
+ * Threads: the pool of cpu_pool.c. kernels/cpu_lib.py compiles the kernels for the machine they
+ * run on; kernels/qmatmul.py calls this file, and its qmatmul_ref is the specification. */
 
-#define _GNU_SOURCE /* syscall() */
 #include <math.h>
-#include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __linux__
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
+
+#include "cpu_pool.h"
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define KV_AVX2 1
@@ -232,8 +224,6 @@ typedef struct {
     const float *dx, *sx; /* [n, k / 32] */
     float *y;
     int64_t ldy;
-    atomic_long next; /* next chunk of weight rows to take */
-    int64_t chunk;
 } job_t;
 
 /* y[r][o] for NR activation rows (x rows qx[r], dx[r], sx[r]); rows past `nr` are computed on
@@ -350,123 +340,27 @@ static rows_fn rows_for(int type, int one) {
     }
 }
 
-static void run_job(job_t *J) {
+/* Weight rows [o0, o1) of a matmul: a task of the pool. */
+static void matmul_rows(void *ctx, int64_t o0, int64_t o1) {
+    const job_t *J = ctx;
     const rows_fn fn4 = rows_for(J->f.type, 0), fn1 = rows_for(J->f.type, 1);
     const int64_t nu = J->k / QK;
-    for (;;) {
-        const int64_t o0 = atomic_fetch_add(&J->next, J->chunk);
-        if (o0 >= J->n_out) return;
-        const int64_t o1 = o0 + J->chunk < J->n_out ? o0 + J->chunk : J->n_out;
-        for (int64_t i0 = 0; i0 < J->n; i0 += NR) {
-            const int nr = J->n - i0 < NR ? (int)(J->n - i0) : NR;
-            const int8_t *qx[NR];
-            const float *dx[NR], *sx[NR];
-            for (int r = 0; r < NR; r++) {
-                const int64_t i = i0 + (r < nr ? r : 0);
-                qx[r] = J->qx + i * J->k, dx[r] = J->dx + i * nu, sx[r] = J->sx + i * nu;
-            }
-            int seg = 0;
-            for (int64_t o = o0; o < o1; o++) {
-                while (o >= J->seg_end[seg]) seg++;
-                const int64_t row = o - (seg ? J->seg_end[seg - 1] : 0);
-                float out[NR];
-                (nr == 1 ? fn1 : fn4)(J->w[seg] + row * J->f.row_bytes, nu, qx, dx, sx, out);
-                for (int r = 0; r < nr; r++) J->y[(i0 + r) * J->ldy + o] = out[r];
-            }
+    for (int64_t i0 = 0; i0 < J->n; i0 += NR) {
+        const int nr = J->n - i0 < NR ? (int)(J->n - i0) : NR;
+        const int8_t *qx[NR];
+        const float *dx[NR], *sx[NR];
+        for (int r = 0; r < NR; r++) {
+            const int64_t i = i0 + (r < nr ? r : 0);
+            qx[r] = J->qx + i * J->k, dx[r] = J->dx + i * nu, sx[r] = J->sx + i * nu;
         }
-    }
-}
-
-/* ---------------------------------------------------------------- the pool */
-#define MAX_THREADS 256
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* one matmul at a time */
-static int g_n_threads = 1;                                /* the caller included */
-static int g_n_workers = 0;
-static atomic_int g_gen;      /* bumped for every job */
-static atomic_int g_pending;  /* workers still on the current job */
-static atomic_int g_sleeping; /* workers waiting on the futex */
-static job_t *volatile g_job;
-
-static void futex_wait(atomic_int *addr, int val) {
-#ifdef __linux__
-    syscall(SYS_futex, (int *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
-#else
-    (void)addr;
-    (void)val;
-    sched_yield();
-#endif
-}
-
-static void futex_wake_all(atomic_int *addr) {
-#ifdef __linux__
-    syscall(SYS_futex, (int *)addr, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
-#else
-    (void)addr;
-#endif
-}
-
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
-#define SPIN 20000 /* pauses before sleeping: a few tens of microseconds */
-
-static void *worker(void *arg) {
-    int seen = (int)(intptr_t)arg; /* the generation when it was made: it waits for the next */
-    for (;;) {
-        int gen, spins = 0;
-        while ((gen = atomic_load(&g_gen)) == seen) {
-            if (++spins < SPIN) {
-                cpu_relax();
-            } else {
-                atomic_fetch_add(&g_sleeping, 1);
-                if (atomic_load(&g_gen) == seen) futex_wait(&g_gen, seen);
-                atomic_fetch_sub(&g_sleeping, 1);
-                spins = 0;
-            }
+        int seg = 0;
+        for (int64_t o = o0; o < o1; o++) {
+            while (o >= J->seg_end[seg]) seg++;
+            const int64_t row = o - (seg ? J->seg_end[seg - 1] : 0);
+            float out[NR];
+            (nr == 1 ? fn1 : fn4)(J->w[seg] + row * J->f.row_bytes, nu, qx, dx, sx, out);
+            for (int r = 0; r < nr; r++) J->y[(i0 + r) * J->ldy + o] = out[r];
         }
-        seen = gen;
-        run_job(g_job);
-        atomic_fetch_sub(&g_pending, 1);
-    }
-    return NULL;
-}
-
-static void after_fork_child(void) { /* the workers did not survive the fork */
-    g_n_workers = 0;
-    atomic_store(&g_pending, 0);
-    atomic_store(&g_sleeping, 0);
-    pthread_mutex_init(&g_lock, NULL);
-}
-
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static void init_once(void) { pthread_atfork(NULL, NULL, after_fork_child); }
-
-/* Threads (the caller included) that later calls use; returns the number set. */
-int kvq_set_threads(int n) {
-    pthread_once(&g_once, init_once);
-    if (n < 1) n = 1;
-    if (n > MAX_THREADS) n = MAX_THREADS;
-    pthread_mutex_lock(&g_lock);
-    g_n_threads = n;
-    pthread_mutex_unlock(&g_lock);
-    return n;
-}
-
-static void ensure_workers(int n) {
-    while (g_n_workers < n) {
-        pthread_t t;
-        pthread_attr_t at;
-        pthread_attr_init(&at);
-        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&t, &at, worker, (void *)(intptr_t)atomic_load(&g_gen)) != 0) {
-            pthread_attr_destroy(&at);
-            break;
-        }
-        pthread_attr_destroy(&at);
-        g_n_workers++;
     }
 }
 
@@ -486,12 +380,13 @@ int kvq_avx2(void) {
 
 /* y = x @ W.T for x [n, k] float32 (rows ldx apart) and W the `nseg` weights ws[s] of
  * seg_rows[s] rows each (GGUF blocks, `row_bytes` a row), stacked along n_out; y [n, n_out]
- * float32 (rows ldy apart). k must be a multiple of 32 (of 256 for Q4_K and Q6_K). Returns 0, or -1 for
- * a bad call. */
-int kvq_matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, int nseg, int64_t row_bytes,
-               int64_t k, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy) {
-    if (!kvq_supported(type) || k % (type == T_Q4_K || type == T_Q6_K ? QK_K : QK) || n < 0 || nseg < 1 || nseg > MAX_SEGS)
-        return -1;
+ * float32 (rows ldy apart). k must be a multiple of 32 (of 256 for Q4_K and Q6_K). Returns 0,
+ * or -1 for a bad call. */
+static int matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, int nseg, int64_t row_bytes,
+                  int64_t k, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy, const float *norm_w,
+                  float eps) {
+    const int64_t block = type == T_Q4_K || type == T_Q6_K ? QK_K : QK;
+    if (!kvq_supported(type) || k % block || n < 0 || nseg < 1 || nseg > MAX_SEGS) return -1;
     job_t J = {.f = {type, row_bytes}, .nseg = nseg, .k = k, .n = n, .y = y, .ldy = ldy};
     int64_t n_out = 0;
     for (int s = 0; s < nseg; s++) {
@@ -502,45 +397,41 @@ int kvq_matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, int 
     }
     J.n_out = n_out;
     if (n == 0 || n_out == 0) return 0;
-    pthread_once(&g_once, init_once);
     const int64_t nu = k / QK;
     int8_t *qx = malloc((size_t)(n * k));
     float *dx = malloc(sizeof(float) * (size_t)(n * nu)), *sx = malloc(sizeof(float) * (size_t)(n * nu));
-    if (!qx || !dx || !sx) {
-        free(qx), free(dx), free(sx);
+    float *normed = norm_w ? malloc(sizeof(float) * (size_t)k) : NULL;
+    if (!qx || !dx || !sx || (norm_w && !normed)) {
+        free(qx), free(dx), free(sx), free(normed);
         return -1;
     }
-    for (int64_t i = 0; i < n; i++) quantize_row(x + i * ldx, k, qx + i * k, dx + i * nu, sx + i * nu);
+    for (int64_t i = 0; i < n; i++) {
+        const float *xi = x + i * ldx;
+        if (norm_w) { /* RMS norm as ggml computes it: the sum of squares in double, then x * scale * w */
+            double ss = 0.0;
+            for (int64_t j = 0; j < k; j++) ss += (double)xi[j] * xi[j];
+            const float mean = (float)(ss / (double)k);
+            const float scale = 1.0f / sqrtf(mean + eps);
+            for (int64_t j = 0; j < k; j++) normed[j] = (xi[j] * scale) * norm_w[j];
+            xi = normed;
+        }
+        quantize_row(xi, k, qx + i * k, dx + i * nu, sx + i * nu);
+    }
+    free(normed);
 
     J.qx = qx, J.dx = dx, J.sx = sx;
-    pthread_mutex_lock(&g_lock);
-    const int nth = (int)(g_n_threads < n_out / 8 + 1 ? g_n_threads : n_out / 8 + 1);
-    /* chunks: several per thread, so a thread the OS delays costs little */
-    J.chunk = n_out / (nth * 8) > 4 ? n_out / (nth * 8) : 4;
-    atomic_store(&J.next, 0);
-    if (nth > 1) {
-        ensure_workers(nth - 1);
-    }
-    const int helpers = nth - 1 < g_n_workers ? nth - 1 : g_n_workers;
-    if (helpers > 0) {
-        /* every worker wakes per job; only `helpers` of them are counted and needed, the others
-         * find no chunk left and return at once */
-        g_job = &J;
-        atomic_store(&g_pending, g_n_workers);
-        atomic_fetch_add(&g_gen, 1);
-        if (atomic_load(&g_sleeping) > 0) futex_wake_all(&g_gen);
-        run_job(&J);
-        for (int spins = 0; atomic_load(&g_pending) > 0; spins++) {
-            if (spins < SPIN) cpu_relax();
-            else sched_yield(); /* a worker the OS parked: give it the core */
-        }
-    } else {
-        run_job(&J);
-    }
-    pthread_mutex_unlock(&g_lock);
+    kv_parallel(matmul_rows, &J, n_out, 4);
     free(qx), free(dx), free(sx);
     return 0;
 }
+
+int kvq_matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, int nseg, int64_t row_bytes,
+               int64_t k, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy) {
+    return matmul(type, ws, seg_rows, nseg, row_bytes, k, x, ldx, n, y, ldy, NULL, 0.0f);
+}
+
+/* Threads (the caller included) that the kernels use; returns the number set. */
+int kvq_set_threads(int n) { return kv_set_threads(n); }
 
 /* The same call with the weight's description made once (fewer arguments to convert per call
  * from Python, where a call costs microseconds). */
@@ -552,19 +443,26 @@ typedef struct {
 } kvq_weight;
 
 int kvq_matmul_w(const kvq_weight *w, const float *x, int64_t ldx, int64_t n, float *y) {
-    return kvq_matmul(w->type, w->ws, w->seg_rows, w->nseg, w->row_bytes, w->k, x, ldx, n, y, w->n_out);
+    return matmul(w->type, w->ws, w->seg_rows, w->nseg, w->row_bytes, w->k, x, ldx, n, y, w->n_out, NULL, 0.0f);
+}
+
+/* y = rms_norm(x) * norm_w @ W.T: the norm applied to each row on its way to quantization (in
+ * the models a normed row feeds only the matmul after it). */
+int kvq_matmul_norm(const kvq_weight *w, const float *x, int64_t ldx, int64_t n, float *y, const float *norm_w,
+                    float eps) {
+    return matmul(w->type, w->ws, w->seg_rows, w->nseg, w->row_bytes, w->k, x, ldx, n, y, w->n_out, norm_w, eps);
 }
 
 /* A SwiGLU feed-forward in one call: y = down(silu(gate(x)) * up(x)), `gate_up` holding the gate
- * rows then the up rows (n_out 2 * n_ff), `down` taking n_ff columns. The hidden rows are
- * quantized like any activation before `down`. */
+ * rows then the up rows (n_out 2 * n_ff), `down` taking n_ff columns; x is RMS-normed with
+ * norm_w first unless norm_w is NULL. The hidden rows are quantized like any activation. */
 int kvq_ffn_swiglu(const kvq_weight *gate_up, const kvq_weight *down, const float *x, int64_t ldx, int64_t n,
-                   float *y) {
+                   float *y, const float *norm_w, float eps) {
     const int64_t n_ff = gate_up->n_out / 2;
     if (gate_up->n_out % 2 || down->k != n_ff) return -1;
     float *g = malloc(sizeof(float) * (size_t)(n * gate_up->n_out));
     if (!g) return -1;
-    int rc = kvq_matmul_w(gate_up, x, ldx, n, g);
+    int rc = kvq_matmul_norm(gate_up, x, ldx, n, g, norm_w, eps);
     if (rc == 0) {
         for (int64_t i = 0; i < n; i++) {
             float *gi = g + i * gate_up->n_out; /* the hidden row overwrites the gate half */

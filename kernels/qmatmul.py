@@ -1,4 +1,4 @@
-"""Quantized matmul on CPU over GGUF blocks as they lie in the file (qmatmul.c, compiled here).
+"""Quantized matmul on CPU over GGUF blocks as they lie in the file (qmatmul.c, via cpu_lib).
 
 y = x @ W.T the way llama.cpp's CPU backend computes it: each row of x is quantized to int8 per
 block of 32 (scale max|x| / 127, round half to even), each weight block's integer dot product
@@ -6,27 +6,19 @@ with it is scaled by both scales, and an affine format's offset is added through
 block's sum. `qmatmul_ref` is that specification in torch; the C kernel computes the same integer
 sums and differs only in the order of float additions.
 
-The C file is compiled once per machine (`cc -O3 -march=native`) into the user's cache, keyed
-by the source, the compiler and the CPU's flags, and loaded with ctypes; no compiler or a failed
-build means `available()` is False and callers keep another path. `KVTOOL_NATIVE=0` disables it.
+No compiler or a failed build means `available()` is False and callers keep another path
+(kernels/cpu_lib.py builds and loads the C kernels).
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
+from kvtool.kernels import cpu_lib
 from kvtool.kernels.dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, QK_K, dequantize
 
-_SRC = Path(__file__).with_name("qmatmul.c")
 # type id -> (elements per block, bytes per block)
 BLOCKS = {
     Q4_0: (32, 18),
@@ -45,95 +37,13 @@ def supported(qtype: int, shape: tuple[int, ...]) -> bool:
     return b is not None and len(shape) == 2 and shape[1] % b[0] == 0
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kvtool" / "kernels"
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return ""
-
-
-def _compiler() -> str | None:
-    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if cc and shutil.which(cc):
-            return cc
-    return None
-
-
-def build(cc: str, portable: bool = False) -> Path | None:
-    """The shared object for this source, compiler and CPU, built if not yet in the cache;
-    `portable` leaves out -march=native (the plain C path, which tests compare with)."""
-    src = _SRC.read_bytes()
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    key = hashlib.sha256(src + version + _cpu_flags().encode() + bytes([portable])).hexdigest()[:16]
-    out = _cache_dir() / f"qmatmul-{key}.so"
-    if out.exists():
-        return out
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-        flags = ["-O3", "-fPIC", "-shared", "-pthread", "-std=c11"] + ([] if portable else ["-march=native"])
-        r = subprocess.run([cc, *flags, "-o", tmp, str(_SRC), "-lm"], capture_output=True, timeout=120)
-        if r.returncode != 0:
-            os.unlink(tmp)
-            return None
-        os.replace(tmp, out)  # atomic: a concurrent build of the same key writes the same bytes
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out
-
-
-def load(path: Path) -> ctypes.CDLL | None:
-    """The library at `path` with its functions typed, or None if it does not load."""
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError:
-        return None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    segs, rows = ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)
-    lib.kvq_matmul.argtypes = [ctypes.c_int, segs, rows, ctypes.c_int, i64, i64, ptr, i64, i64, ptr, i64]
-    lib.kvq_matmul.restype = ctypes.c_int
-    lib.kvq_matmul_w.argtypes = [ctypes.c_void_p, ptr, i64, i64, ptr]
-    lib.kvq_matmul_w.restype = ctypes.c_int
-    lib.kvq_ffn_swiglu.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ptr, i64, i64, ptr]
-    lib.kvq_ffn_swiglu.restype = ctypes.c_int
-    lib.kvq_set_threads.argtypes = [ctypes.c_int]
-    lib.kvq_set_threads.restype = ctypes.c_int
-    lib.kvq_avx2.restype = ctypes.c_int
-    lib.kvq_set_threads(torch.get_num_threads())
-    return lib
-
-
-@functools.cache
 def _lib() -> ctypes.CDLL | None:
-    if os.environ.get("KVTOOL_NATIVE", "1") == "0":
-        return None
-    cc = _compiler()
-    path = build(cc) if cc else None
-    return load(path) if path is not None else None
+    return cpu_lib.lib()
 
 
 def available() -> bool:
-    """Whether the compiled kernel loaded on this machine."""
-    return _lib() is not None
-
-
-def set_threads(n: int) -> None:
-    """Threads the kernel computes with (the caller's included); no-op when it is not loaded."""
-    lib = _lib()
-    if lib is not None:
-        lib.kvq_set_threads(n)
+    """Whether the compiled kernels loaded on this machine."""
+    return cpu_lib.lib() is not None
 
 
 class _Weight(ctypes.Structure):  # qmatmul.c's kvq_weight
@@ -172,8 +82,11 @@ class QWeight:
         self._desc = _Weight(self.qtype, self._nseg, self._ptrs, self._rows, self.row_bytes, k, self.n_out)
         self._desc_ptr = ctypes.addressof(self._desc)
 
-    def __call__(self, x: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-        """x [n, K] float32 -> x @ W.T [n, N] float32 (with `lib`, another build of the kernel)."""
+    def __call__(
+        self, x: torch.Tensor, lib: ctypes.CDLL | None = None, norm: tuple[torch.Tensor, float] | None = None
+    ) -> torch.Tensor:
+        """x [n, K] float32 -> x @ W.T [n, N] float32 (with `lib`, another build of the kernel).
+        `norm` = (w [K] float32, eps): each row RMS-normed and scaled by w first."""
         lib = lib or _lib()
         assert lib is not None
         if x.dim() != 2 or x.shape[1] != self.k:
@@ -182,17 +95,36 @@ class QWeight:
             x = x.float().contiguous()
         n = x.shape[0]
         y = torch.empty(n, self.n_out)
-        rc = lib.kvq_matmul_w(self._desc_ptr, x.data_ptr(), x.stride(0), n, y.data_ptr())
+        if norm is None:
+            rc = lib.kvq_matmul_w(self._desc_ptr, x.data_ptr(), x.stride(0), n, y.data_ptr())
+        else:
+            w = _norm_weight(norm[0], self.k)
+            rc = lib.kvq_matmul_norm(
+                self._desc_ptr, x.data_ptr(), x.stride(0), n, y.data_ptr(), w.data_ptr(), norm[1]
+            )
         if rc != 0:
             raise ValueError(f"qmatmul: bad call (type {self.qtype}, K {self.k}, x {tuple(x.shape)})")
         return y
 
 
+def _norm_weight(w: torch.Tensor, k: int) -> torch.Tensor:
+    if w.dtype != torch.float32 or not w.is_contiguous() or w.numel() != k:
+        if w.numel() != k:
+            raise ValueError(f"a norm weight of {w.numel()} for rows of {k}")
+        w = w.float().contiguous()
+    return w
+
+
 def ffn_swiglu(
-    x: torch.Tensor, gate_up: QWeight, down: QWeight, lib: ctypes.CDLL | None = None
+    x: torch.Tensor,
+    gate_up: QWeight,
+    down: QWeight,
+    lib: ctypes.CDLL | None = None,
+    norm: tuple[torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
-    """down(silu(gate(x)) * up(x)) in one call, `gate_up` stacking the gate then the up weight;
-    the hidden rows are quantized like any activation. Spec: `ffn_swiglu_ref`."""
+    """down(silu(gate(x)) * up(x)) in one call, `gate_up` stacking the gate then the up weight,
+    x first RMS-normed and scaled by norm = (w, eps) if given; the hidden rows are quantized like
+    any activation. Spec: `ffn_swiglu_ref`."""
     lib = lib or _lib()
     assert lib is not None
     if x.dim() != 2 or x.shape[1] != gate_up.k or gate_up.n_out != 2 * down.k:
@@ -202,8 +134,10 @@ def ffn_swiglu(
     if x.dtype != torch.float32 or x.stride(-1) != 1:
         x = x.float().contiguous()
     y = torch.empty(x.shape[0], down.n_out)
+    w = _norm_weight(norm[0], gate_up.k) if norm is not None else None
+    args = (w.data_ptr() if w is not None else None, norm[1] if norm is not None else 0.0)
     if lib.kvq_ffn_swiglu(
-        gate_up._desc_ptr, down._desc_ptr, x.data_ptr(), x.stride(0), x.shape[0], y.data_ptr()
+        gate_up._desc_ptr, down._desc_ptr, x.data_ptr(), x.stride(0), x.shape[0], y.data_ptr(), *args
     ):
         raise ValueError("ffn_swiglu: bad call")
     return y
@@ -231,6 +165,12 @@ def qmatmul_ref(x: torch.Tensor, w: torch.Tensor, qtype: int, shape: tuple[int, 
     q, d = quantize_rows_ref(x)
     xq = (q * d).reshape(x.shape[0], -1).double()
     return (xq @ dequantize(w, qtype, shape).double().T).float()
+
+
+def rms_norm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """ggml's RMS norm (the sum of squares in float64), then the weight."""
+    mean = (x.double().pow(2).sum(-1, keepdim=True) / x.shape[-1]).float()
+    return (x * (1.0 / torch.sqrt(mean + eps))) * w
 
 
 def ffn_swiglu_ref(

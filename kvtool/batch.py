@@ -106,6 +106,9 @@ class PositionSource(Protocol):
     def seq_pos_max(self, seq_id: int) -> int: ...
 
 
+_LOOP_MAX = 16  # batches up to this size are validated token by token
+
+
 class BatchAllocator:
     """Validates a batch, fills positions from memory, and cuts it into micro-batches."""
 
@@ -145,7 +148,8 @@ class BatchAllocator:
         self.pos = self._positions(batch, memory)
         self.output = np.asarray(batch.logits, dtype=bool)
         self.n_outputs = int(self.output.sum())
-        if self.has_coupled or not self._sequences_ok(memory):
+        # a few tokens: the loop costs less than setting up the arrays
+        if self.has_coupled or n <= _LOOP_MAX or not self._sequences_ok(memory):
             self._validate_sequences(memory, n_seq_max)  # raises with the first broken rule
         self.used = np.zeros(n, dtype=bool)
 

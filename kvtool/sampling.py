@@ -288,6 +288,10 @@ class Sampler:
         if self._all_ids.numel() != row.numel():
             self._all_ids = torch.arange(row.numel())
         c = Candidates.from_logits(row, self._all_ids)
+        if p.temp <= 0.0 and p.typical_p >= 1.0:
+            # top-k, top-p and min-p always keep the best token (lowest id on ties): their
+            # passes over the whole row cannot change what greedy picks
+            return greedy(c)
         c = top_k(c, p.top_k)
         c = typical(c, p.typical_p, p.min_keep)
         c = top_p(c, p.top_p, p.min_keep)

@@ -16,11 +16,11 @@ def set_n_threads(n: int | None = None) -> int:
         raise KvtoolError(f"the number of threads must be positive, got {n}")
     import torch  # here, not at import: `kvtool --help` must not load torch
 
-    from kvtool.kernels import qmatmul
+    from kvtool.kernels import cpu_lib
 
     if n:
         torch.set_num_threads(n)
-        qmatmul.set_threads(n)
+        cpu_lib.set_threads(n)
     return torch.get_num_threads()
 
 

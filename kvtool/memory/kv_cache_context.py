@@ -35,6 +35,8 @@ class KVView:
     def attended(self) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V [n_stream_ub, n_kv, n_head_kv, head_dim] of the ubatch's streams: views."""
         s, n = self.streams, self.n_kv
+        if s.start == 0 and s.stop == self.k.shape[0]:  # every stream (one op per tensor, not two)
+            return self.k.narrow(1, 0, n), self.v.narrow(1, 0, n)
         return self.k[s, :n], self.v[s, :n]
 
 

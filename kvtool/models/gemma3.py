@@ -124,12 +124,11 @@ class Gemma3Model:
             h = rms_norm(x, L.attn_norm, hp.eps)
             q, k, v = L.wqkv(h)
             q = q.reshape(n, hp.n_head, hp.head_dim_k)
-            k = k.reshape(n, hp.n_head_kv[il], hp.head_dim_k)
-            v = v.reshape(n, hp.n_head_kv[il], hp.head_dim_v)
+            k = k.reshape(n, hp.n_head_kv[il], hp.head_dim_k)  # v stays rows [n, n_head_kv * hd_v]
             q = apply_rope(rms_norm(q, L.q_norm, hp.eps), rot, rope) * self.q_scale
             k = apply_rope(rms_norm(k, L.k_norm, hp.eps), rot, rope)
             a = L.wo(attend(mctx.layer_view(il), q, k, v, 1.0))  # queries are pre-scaled, as in llama.cpp
-            if il == hp.n_layer - 1:
+            if il == hp.n_layer - 1 and not ub.output.all():
                 out = torch.from_numpy(ub.output).to(x.device)  # only output rows need the rest
                 a, x = a[out], x[out]
             x += rms_norm(a, L.attn_post_norm, hp.eps)  # x is this forward's own tensor

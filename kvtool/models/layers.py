@@ -55,11 +55,12 @@ def geglu(x: torch.Tensor, gate_up: LinearGroup, down: Linear) -> torch.Tensor:
 def attend(view: KVView, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """Stores the ubatch's K/V rows in the layer's cache, then attends per stream.
 
-    q [n, n_head, d_k], k [n, n_head_kv, d_k], v [n, n_head_kv, d_v] -> [n, n_head * d_v].
+    q [n, n_head, d_k], k [n, n_head_kv, d_k], v [n, n_head_kv, d_v] -> [n, n_head * d_v]; k and v
+    may also come as rows [n, n_head_kv * d] (what the cache stores: no reshape back and forth).
     The cache is read in its own type (f16/bf16/f32): the kernel upcasts inside."""
     n = q.shape[0]
-    store_kv(view.k_rows, k.reshape(n, -1), view.rows)
-    store_kv(view.v_rows, v.reshape(n, -1), view.rows)
+    store_kv(view.k_rows, k if k.dim() == 2 else k.reshape(n, -1), view.rows)
+    store_kv(view.v_rows, v if v.dim() == 2 else v.reshape(n, -1), view.rows)
     n_s = view.streams.stop - view.streams.start
     qs = q.reshape(n_s, n // n_s, q.shape[1], q.shape[2])  # [n_stream_ub, n / n_stream_ub, n_head, d_k]
     ks, vs = view.attended()  # [n_stream_ub, n_kv, n_head_kv, d]

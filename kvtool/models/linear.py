@@ -15,7 +15,7 @@ takes its input in the weight's type and returns float32.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, Protocol
 
 import torch
@@ -42,6 +42,10 @@ class Linear(Protocol):
     """y = x @ W.T (+ b) for x [n, n_in] float32 -> [n, n_out] float32."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+# An RMS norm (x, weight, eps) -> normed x: the models' own, for the paths that norm separately.
+NormFn = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
 
 
 class DenseLinear:
@@ -98,6 +102,14 @@ class QuantLinear:
             self._dense = parts[0] if len(parts) == 1 else torch.cat(parts)
         return self._dense
 
+    def normed(self, x: torch.Tensor, w: torch.Tensor, eps: float, norm: NormFn) -> torch.Tensor:
+        """self(norm(x, w, eps)), the RMS norm inside the compiled call where that applies (a
+        normed row feeds only this matmul)."""
+        if self.native is None or x.shape[0] > QUANT_MAX_ROWS:
+            return self(norm(x, w, eps))
+        y = self.native(x, norm=(w, eps))
+        return y + self.bias if self.bias is not None else y
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > QUANT_MAX_ROWS:
             return F.linear(x, self.dense(), self.bias)
@@ -109,9 +121,12 @@ class QuantLinear:
         return y + self.bias if self.bias is not None else y
 
 
-def swiglu_native(x: torch.Tensor, gate_up: LinearGroup, down: Linear) -> torch.Tensor | None:
-    """down(silu(gate(x)) * up(x)) as one call of the compiled kernel, or None where it does not
-    apply (more than QUANT_MAX_ROWS rows, weights not in it, biases): then compute it op by op."""
+def swiglu_native(
+    x: torch.Tensor, gate_up: LinearGroup, down: Linear, norm: tuple[torch.Tensor, float] | None = None
+) -> torch.Tensor | None:
+    """down(silu(gate(x')) * up(x')) as one call of the compiled kernel, x' = x RMS-normed with
+    norm = (w, eps) if given, else x; None where it does not apply (more than QUANT_MAX_ROWS
+    rows, weights not in it, biases): then compute it op by op."""
     f = gate_up.fused
     if x.shape[0] > QUANT_MAX_ROWS or f is None or f.native is None or f.bias is not None:
         return None
@@ -119,7 +134,7 @@ def swiglu_native(x: torch.Tensor, gate_up: LinearGroup, down: Linear) -> torch.
         return None
     if len(gate_up.sizes) != 2 or gate_up.sizes[0] != gate_up.sizes[1]:
         return None
-    return qmatmul.ffn_swiglu(x, f.native, down.native)
+    return qmatmul.ffn_swiglu(x, f.native, down.native, norm=norm)
 
 
 def computes_natively(f: GGUFFile, weights: str, n_rows: int) -> bool:
@@ -181,6 +196,19 @@ class LinearGroup:
         if self.fused is not None:
             return list(self.fused(x).split(self.sizes, dim=-1))
         return [p(x) for p in self.parts]
+
+    def normed(self, x: torch.Tensor, w: torch.Tensor, eps: float, norm: NormFn) -> list[torch.Tensor]:
+        """self(norm(x, w, eps)), the RMS norm inside the compiled call where that applies."""
+        if self.fused is not None:
+            return list(self.fused.normed(x, w, eps, norm).split(self.sizes, dim=-1))
+        return self(norm(x, w, eps))
+
+
+def linear_normed(lin: Linear, x: torch.Tensor, w: torch.Tensor, eps: float, norm: NormFn) -> torch.Tensor:
+    """lin(norm(x, w, eps)), the norm inside the compiled call where `lin` is one that takes it."""
+    if isinstance(lin, QuantLinear):
+        return lin.normed(x, w, eps, norm)
+    return lin(norm(x, w, eps))
 
 
 class Embedding:

@@ -84,12 +84,11 @@ class LlamaModel:
             h = rms_norm(x, L.attn_norm, hp.eps)
             q, k, v = L.wqkv(h)
             q = q.reshape(n, hp.n_head, hp.head_dim_k)
-            k = k.reshape(n, hp.n_head_kv[il], hp.head_dim_k)
-            v = v.reshape(n, hp.n_head_kv[il], hp.head_dim_v)
+            k = k.reshape(n, hp.n_head_kv[il], hp.head_dim_k)  # v stays rows [n, n_head_kv * hd_v]
             q = apply_rope(q, rot, self.rope)
             k = apply_rope(k, rot, self.rope)
             x += L.wo(attend(mctx.layer_view(il), q, k, v, scale))  # x is this forward's own tensor
-            if il == hp.n_layer - 1:
+            if il == hp.n_layer - 1 and not ub.output.all():
                 x = x[torch.from_numpy(ub.output).to(x.device)]  # only output rows need the rest
             x += swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
         return self.output(rms_norm(x, self.output_norm, hp.eps))

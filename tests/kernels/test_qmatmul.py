@@ -11,7 +11,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
-from kvtool.kernels import qmatmul
+from kvtool.kernels import cpu_lib, qmatmul
 from kvtool.kernels.dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0
 
 pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: the kernel is not built")
@@ -20,11 +20,11 @@ pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: 
 @pytest.fixture(scope="module", params=["native", "portable"])
 def lib(request: pytest.FixtureRequest) -> ctypes.CDLL:
     if request.param == "native":
-        lib = qmatmul._lib()
+        lib = cpu_lib.lib()
     else:
-        cc = qmatmul._compiler()
-        path = qmatmul.build(cc, portable=True) if cc else None
-        lib = qmatmul.load(path) if path else None
+        cc = cpu_lib._compiler()
+        path = cpu_lib.build(cc, portable=True) if cc else None
+        lib = cpu_lib.load(path) if path else None
     assert lib is not None
     return lib
 
@@ -100,3 +100,24 @@ def test_swiglu_ffn_matches_the_specification(lib: ctypes.CDLL, n: int) -> None:
     # silu's last bit (expf here, torch's own exp there) can move a hidden value across a rounding
     # boundary of its 8-bit quantization: one quantum of one element, well under 1 % of the output
     torch.testing.assert_close(y, want, rtol=0, atol=0.01 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_rms_norm_on_the_way_in(lib: ctypes.CDLL, n: int) -> None:
+    k, n_ff = 64, 96
+    gen = torch.Generator().manual_seed(n)
+    x, w = torch.randn(n, k, generator=gen) * 3, torch.rand(k, generator=gen) + 0.5
+    normed = qmatmul.rms_norm_ref(x, w, 1e-5)
+    # the sum of squares in another order can move a normed value across a rounding boundary of
+    # its 8-bit quantization: one quantum of one element, well under 1 % of the output
+    raw = weight(Q4_0, 40, k, 4)
+    y = qmatmul.QWeight([raw], Q4_0, [(40, k)])(x, lib, norm=(w, 1e-5))
+    want = qmatmul.qmatmul_ref(normed, raw, Q4_0, (40, k))
+    torch.testing.assert_close(y, want, rtol=0, atol=0.01 * float(want.abs().max()))
+    gate, up, down = weight(Q4_1, n_ff, k, 1), weight(Q4_1, n_ff, k, 2), weight(Q8_0, k, n_ff, 3)
+    gate_up = qmatmul.QWeight([gate, up], Q4_1, [(n_ff, k), (n_ff, k)])
+    h = qmatmul.ffn_swiglu(x, gate_up, qmatmul.QWeight([down], Q8_0, [(k, n_ff)]), lib, norm=(w, 1e-5))
+    want = qmatmul.ffn_swiglu_ref(
+        normed, [(gate, (n_ff, k)), (up, (n_ff, k))], (down, (k, n_ff)), (Q4_1, Q8_0)
+    )
+    torch.testing.assert_close(h, want, rtol=0, atol=0.01 * float(want.abs().max()))

@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from kvtool.kernels import _triton
+from kvtool.kernels import _triton, attention_cpu, cpu_lib
 from kvtool.kernels import attention as attention_mod
 from kvtool.kernels import store_kv as store_kv_mod
 from kvtool.kernels.visibility import Cells
@@ -84,8 +84,25 @@ def _refuse(*args, **kwargs):
 @pytest.mark.parametrize("d", DISPATCHES, ids=lambda d: d.name)
 def test_cpu_tensors_take_the_reference(d: Dispatch, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(d.module, d.triton_fn, _refuse)
+    monkeypatch.setattr(attention_cpu, "applies", lambda *tensors: False)  # tested below
     got = d.call(getattr(d.module, d.name))
     assert torch.equal(got, d.call(getattr(d.module, d.ref_fn)))
+
+
+@pytest.mark.skipif(cpu_lib.lib() is None, reason="no C compiler: the CPU kernels are not built")
+def test_cpu_decode_rows_take_the_compiled_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    kernel = attention_cpu.attention_cpu
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(attention_mod, "attention_triton", _refuse)
+    monkeypatch.setattr(attention_cpu, "attention_cpu", spy)
+    got = _call_attention(attention_mod.attention)  # 3 query rows per stream: decode-sized
+    assert len(calls) == 1
+    torch.testing.assert_close(got, _call_attention(attention_mod.attention_ref), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("d", DISPATCHES, ids=lambda d: d.name)

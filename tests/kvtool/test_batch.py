@@ -103,6 +103,7 @@ def _rules_hold(pos: list[int], seqs: list[int], last: dict[int, int]) -> bool:
 
 
 def test_array_checks_agree_with_the_rules_token_by_token() -> None:
+    # batches of one sequence per token longer than 16 are checked as arrays
     rng = random.Random(7)
     seen = {True: 0, False: 0}
     for _ in range(600):
@@ -110,9 +111,11 @@ def test_array_checks_agree_with_the_rules_token_by_token() -> None:
         last = {s: rng.choice([-1, 3, 10]) for s in range(n_seq)}
         nxt = {s: last[s] + 1 for s in range(n_seq)}
         pos, seqs = [], []
-        for _ in range(rng.randint(1, 12)):
+        n = rng.randint(17, 40)  # above the size the allocator checks token by token
+        broken = rng.randrange(2 * n)  # half of the batches break a rule at this token
+        for i in range(n):
             s = rng.randrange(n_seq)
-            p = nxt[s] + rng.choice([0] * 12 + [1, -1, 2, -2])  # now and then a broken rule
+            p = nxt[s] + (rng.choice([1, -1, 2, -2, -3]) if i == broken else 0)
             nxt[s] = p + 1
             pos.append(p)
             seqs.append(s)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -286,3 +287,22 @@ def test_state_round_trip_continues_the_same_draws() -> None:
         assert ta == tb
         a.accept(ta)
         b.accept(tb)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_skips_filters_that_cannot_change_its_pick(seed: int) -> None:
+    # The sampler's greedy path (no top-k/top-p/min-p passes) against the whole chain run by
+    # hand, on rows with many ties at the top and with penalties.
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(25):
+        row = torch.randint(-3, 4, (300,), generator=g).float() / 2  # coarse values: ties
+        k = int(torch.randint(0, 50, (1,), generator=g))
+        params = SamplerParams(temp=0.0, top_k=k, top_p=0.5, min_p=0.3, min_keep=2, repeat_penalty=1.5)
+        s = Sampler(params)
+        accepted = torch.randint(0, 300, (5,), generator=g).tolist()
+        for t in accepted:
+            s.accept(t)
+        pen = apply_penalties(row, Counter(accepted), params.repeat_penalty, 0.0, 0.0)
+        c = Candidates.from_logits(pen)
+        c = min_p(top_p(top_k(c, params.top_k), params.top_p, 2), params.min_p, 2)
+        assert s.sample(row) == greedy(c)

@@ -1,0 +1,53 @@
+"""kernels/attention_cpu: the compiled decode attention against attention_ref (its
+specification) on cache views of every type, GQA, masks with hidden and empty rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvtool.kernels import attention_cpu, cpu_lib
+from kvtool.kernels.attention import attention_ref
+
+pytestmark = pytest.mark.skipif(cpu_lib.lib() is None, reason="no C compiler: the kernels are not built")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("S", "n_q", "H", "Hkv", "D"), [(1, 1, 9, 3, 64), (4, 3, 4, 4, 20), (3, 2, 8, 2, 256)]
+)
+@pytest.mark.parametrize("threads", [1, 3])
+def test_matches_the_reference(
+    dtype: torch.dtype, S: int, n_q: int, H: int, Hkv: int, D: int, threads: int
+) -> None:
+    gen = torch.Generator().manual_seed(S * 100 + D)
+    n_cells, n_kv = 40, 33
+    cache_k = torch.randn(S + 1, n_cells, Hkv, D, generator=gen).to(dtype)  # a cache with a spare stream
+    cache_v = torch.randn(S + 1, n_cells, Hkv, D, generator=gen).to(dtype)
+    k, v = cache_k[1:, :n_kv], cache_v[1:, :n_kv]  # strided views, as the memory gives them
+    q = torch.randn(S, n_q, H, D, generator=gen)
+    mask = torch.zeros(S, n_q, n_kv)
+    mask[torch.rand(S, n_q, n_kv, generator=gen) < 0.4] = float("-inf")
+    mask[0, -1] = float("-inf")  # a row that sees nothing: zeros
+    if S > 1:
+        mask[1, 0, :5] = -2.5  # a finite bias
+    assert attention_cpu.applies(q, k, v)
+    lib = cpu_lib.lib()
+    assert lib is not None
+    lib.kvq_set_threads(threads)
+    try:
+        got = attention_cpu.attention_cpu(q, k, v, mask, 0.125)
+    finally:
+        lib.kvq_set_threads(torch.get_num_threads())
+    want = attention_ref(q, k.float(), v.float(), mask, 0.125)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[0, -1], torch.zeros_like(got[0, -1]))
+
+
+def test_what_it_does_not_take() -> None:
+    q, k = torch.randn(1, 1, 2, 8), torch.randn(1, 4, 2, 8)
+    assert not attention_cpu.applies(q.double(), k, k)
+    assert not attention_cpu.applies(torch.randn(1, attention_cpu.MAX_ROWS + 1, 2, 8), k, k)
+    assert not attention_cpu.applies(q, k, k.half())
+    with pytest.raises(ValueError, match="mask"):
+        attention_cpu.attention_cpu(q, k, k, torch.zeros(1, 1, 3), 1.0)
