@@ -9,7 +9,6 @@ cases tried and each distinct failure (the traceback's last line) with its first
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 import tempfile
@@ -18,13 +17,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.fuzz_args import fuzz_parser
 from tests.fuzz.test_cli_fuzz import Files, Worker, chat_cases, cli_cases, problem
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=10.0)
-    ap.add_argument("--seed", type=int, default=100)
+    ap = fuzz_parser(__doc__, seed=100)
     ap.add_argument("--timeout", type=float, default=20.0, help="seconds per case")
     args = ap.parse_args()
     files = Files.make(Path(tempfile.mkdtemp(prefix="fuzz-cli-")))

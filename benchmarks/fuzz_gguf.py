@@ -12,7 +12,6 @@ it. Exit status 1 when there was a failure.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import itertools
 import random
@@ -23,6 +22,7 @@ import time
 import traceback
 from pathlib import Path
 
+from benchmarks.fuzz_args import fuzz_parser
 from tests.fuzz.gguf_mutations import all_cases, bit_flips, capped_address_space, load_and_decode, read_layout
 
 MODELS = Path(__file__).parent.parent / "tests" / "data" / "tiny" / "models"
@@ -38,9 +38,7 @@ def _alarm(signum: int, frame: object) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=10.0)
-    ap.add_argument("--seed", type=int, default=0)
+    ap = fuzz_parser(__doc__, seed=0)
     ap.add_argument("--case-timeout", type=int, default=60)
     args = ap.parse_args()
     # torch and the engine are imported before the address space is capped

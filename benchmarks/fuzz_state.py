@@ -11,7 +11,6 @@ found (grouped), and the peak resident memory.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import itertools
 import sys
@@ -22,14 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.fuzz_args import fuzz_parser
 from tests.fuzz.test_cli_fuzz import Worker
 from tests.fuzz.test_state_fuzz import make_sources, peak_rss_mb, run_api, run_cli
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--minutes", type=float, default=10.0)
-    ap.add_argument("--seed", type=int, default=100)
+    ap = fuzz_parser(__doc__, seed=100)
     ap.add_argument("--cli-share", type=float, default=0.05, help="share of the time spent on CLI cases")
     args = ap.parse_args()
     warnings.simplefilter("ignore")

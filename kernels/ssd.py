@@ -13,16 +13,11 @@ state is carried from chunk to chunk. All decay exponents are <= 0.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from ._scan import f32_operands, scan_ref, softplus, step_of
 from ._triton import jit, tl, triton, use_triton
 
 CHUNK = 64
-
-
-def softplus(dt: torch.Tensor) -> torch.Tensor:
-    """ggml's softplus: log1p(exp(x)), and x itself above 20."""
-    return torch.where(dt > 20.0, dt, F.softplus(dt, threshold=20.0))
 
 
 def _heads(t: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -149,9 +144,7 @@ def ssd_triton(
     assert s.shape == (S, H, P, N) and dt.shape == (S, T, H) and A.shape == (H,), (s.shape, dt.shape, A.shape)
     assert B.shape == (S, T, G, N) and C.shape == (S, T, G, N) and H % G == 0, (B.shape, C.shape, H)
     assert 1 <= n_states <= T, (n_states, T)
-    ts = [t.float().contiguous() for t in (s, x, dt, A, B, C)]
-    assert all(t.device == x.device for t in ts)
-    s, x, dt, A, B, C = ts
+    s, x, dt, A, B, C = f32_operands(s, x, dt, A, B, C)
     y = torch.empty(S, T, H, P, dtype=torch.float32, device=x.device)
     out = torch.empty(S, n_states, H, P, N, dtype=torch.float32, device=x.device)
     block_p = block_p or min(64, triton.next_power_of_2(P))
@@ -175,8 +168,7 @@ def ssd_step_triton(
     s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of `ssd_step_ref`: the scan kernel over one token."""
-    y, h = ssd_triton(s, x[:, None], dt[:, None], A, B[:, None], C[:, None])
-    return y[:, 0], h[:, 0]
+    return step_of(ssd_triton, (s, x, dt, A, B, C))
 
 
 def ssd(
@@ -192,7 +184,4 @@ def ssd(
     Triton on CUDA tensors, the reference elsewhere."""
     if use_triton(s, x, dt, A, B, C):
         return ssd_triton(s, x, dt, A, B, C, n_states)
-    if x.shape[1] == 1:
-        y, h = ssd_step_ref(s, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0])
-        return y[:, None], h[:, None]
-    return ssd_ref(s, x, dt, A, B, C, n_states)
+    return scan_ref(ssd_step_ref, ssd_ref, (s, x, dt, A, B, C), n_states)

@@ -12,17 +12,12 @@ linear recurrence); the chunk length is chosen from the data so no exponent over
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from ._scan import f32_operands, scan_ref, softplus, step_of
 from ._triton import jit, tl, triton, use_triton
 
 _LOG_RANGE = 60.0  # the most decay (in log) one chunk spans: exp(60) ~ 1e26 stays finite in f32
 _TOKEN_LOG_RANGE = 20.0
-
-
-def softplus(dt: torch.Tensor) -> torch.Tensor:
-    """ggml's softplus: log1p(exp(x)), and x itself above 20."""
-    return torch.where(dt > 20.0, dt, F.softplus(dt, threshold=20.0))
 
 
 def ssm_scan_ref(
@@ -132,9 +127,7 @@ def ssm_scan_triton(
     assert s.shape == (S, D, N) and dt.shape == (S, T, D) and A.shape == (D, N), (s.shape, dt.shape, A.shape)
     assert B.shape == (S, T, N) and C.shape == (S, T, N), (B.shape, C.shape)
     assert 1 <= n_states <= T, (n_states, T)
-    ts = [t.float().contiguous() for t in (s, x, dt, A, B, C)]
-    assert all(t.device == x.device for t in ts)
-    s, x, dt, A, B, C = ts
+    s, x, dt, A, B, C = f32_operands(s, x, dt, A, B, C)
     y = torch.empty(S, T, D, dtype=torch.float32, device=x.device)
     out = torch.empty(S, n_states, D, N, dtype=torch.float32, device=x.device)
     block_d = block_d or min(64, triton.next_power_of_2(D))
@@ -159,8 +152,7 @@ def ssm_scan_step_triton(
     s: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of `ssm_scan_step_ref`: the scan kernel over one token."""
-    y, h = ssm_scan_triton(s, x[:, None], dt[:, None], A, B[:, None], C[:, None])
-    return y[:, 0], h[:, 0]
+    return step_of(ssm_scan_triton, (s, x, dt, A, B, C))
 
 
 def ssm_scan(
@@ -176,7 +168,4 @@ def ssm_scan(
     form; Triton on CUDA tensors, the reference elsewhere."""
     if use_triton(s, x, dt, A, B, C):
         return ssm_scan_triton(s, x, dt, A, B, C, n_states)
-    if x.shape[1] == 1:
-        y, h = ssm_scan_step_ref(s, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0])
-        return y[:, None], h[:, None]
-    return ssm_scan_ref(s, x, dt, A, B, C, n_states)
+    return scan_ref(ssm_scan_step_ref, ssm_scan_ref, (s, x, dt, A, B, C), n_states)

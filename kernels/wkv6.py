@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ._triton import jit, tl, triton, use_triton
+from ._wkv import launch, trailing_states_ref
 
 CHUNK = 32  # tokens per chunk of the prompt form: [L, L, head_size] decay tiles per head
 W_LOG_MIN = -20.0  # the strongest per-token log-decay the chunked form uses (see there)
@@ -95,19 +96,7 @@ def wkv6_ref(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """WKV-6 in torch: the chunked form up to the first of the trailing `n_states` tokens, then
     the step form for the others (a single token takes the step form only)."""
-    T = r.shape[1]
-    assert 1 <= n_states <= T, (n_states, T)
-    n0 = T - n_states + 1
-    if n0 == 1:
-        out, s = wkv6_step_ref(r[:, :1], k[:, :1], v[:, :1], w_log[:, :1], u, state)
-    else:
-        out, s = wkv6_chunked_ref(r[:, :n0], k[:, :n0], v[:, :n0], w_log[:, :n0], u, state)
-    outs, states = [out], [s]
-    for t in range(n0, T):
-        out, s = wkv6_step_ref(r[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], w_log[:, t : t + 1], u, s)
-        outs.append(out)
-        states.append(s)
-    return torch.cat(outs, dim=1), torch.stack(states, dim=1)
+    return trailing_states_ref(wkv6_step_ref, wkv6_chunked_ref, (r, k, v, w_log), (u,), state, n_states)
 
 
 @jit
@@ -161,23 +150,8 @@ def wkv6_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of `wkv6_ref` (same contract; the states come back in f32)."""
     assert triton is not None, "wkv6_triton needs triton"
-    B, T, H, N = r.shape
-    for x in (k, v, w_log):
-        assert x.shape == (B, T, H, N), (r.shape, x.shape)
-    assert u.shape == (H, N) and state.shape == (B, H, N, N), (u.shape, state.shape)
-    assert 1 <= n_states <= T, (n_states, T)
-    assert r.device == k.device == v.device == w_log.device == u.device == state.device
-    r, k, v, w_log, u = (x.contiguous() for x in (r, k, v, w_log, u))
-    s_in = state.float().contiguous()
-    out = torch.empty_like(v)
-    s_out = torch.empty(B, n_states, H, N, N, dtype=torch.float32, device=r.device)
-    if B * H == 0:
-        return out, s_out
-    bk = max(16, triton.next_power_of_2(N))
-    bv = min(bk, 64)
-    grid = (B * H, triton.cdiv(N, bv))
-    _wkv6_kernel[grid](r, k, v, w_log, u, s_in, out, s_out, T, H, N, n_states, BK=bk, BV=bv)
-    return out, s_out
+    assert u.shape == (r.shape[2], r.shape[3]), (r.shape, u.shape)
+    return launch(_wkv6_kernel, (r, k, v, w_log), (u,), state, n_states, v.dtype, max_bv=64)
 
 
 def wkv6(

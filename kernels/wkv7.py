@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ._triton import jit, tl, triton, use_triton
+from ._wkv import launch, trailing_states_ref
 
 CHUNK = 16  # tokens per chunk of the prompt form (each chunk solves an L x L triangular system)
 
@@ -106,21 +107,7 @@ def wkv7_ref(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """WKV-7 in torch: the chunked form up to the first of the trailing `n_states` tokens, then
     the step form for the others (a single token takes the step form only)."""
-    T = r.shape[1]
-    assert 1 <= n_states <= T, (n_states, T)
-    n0 = T - n_states + 1
-    T6 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-
-    def span(t0: int, t1: int) -> T6:
-        return r[:, t0:t1], w_log[:, t0:t1], k[:, t0:t1], v[:, t0:t1], a[:, t0:t1], b[:, t0:t1]
-
-    out, s = wkv7_step_ref(*span(0, 1), state) if n0 == 1 else wkv7_chunked_ref(*span(0, n0), state)
-    outs, states = [out], [s]
-    for t in range(n0, T):
-        out, s = wkv7_step_ref(*span(t, t + 1), s)
-        outs.append(out)
-        states.append(s)
-    return torch.cat(outs, dim=1), torch.stack(states, dim=1)
+    return trailing_states_ref(wkv7_step_ref, wkv7_chunked_ref, (r, w_log, k, v, a, b), (), state, n_states)
 
 
 @jit
@@ -175,23 +162,7 @@ def wkv7_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of `wkv7_ref` (same contract; the states come back in f32)."""
     assert triton is not None, "wkv7_triton needs triton"
-    B, T, H, N = r.shape
-    for x in (w_log, k, v, a, b):
-        assert x.shape == (B, T, H, N), (r.shape, x.shape)
-    assert state.shape == (B, H, N, N), state.shape
-    assert 1 <= n_states <= T, (n_states, T)
-    assert r.device == w_log.device == k.device == v.device == a.device == b.device == state.device
-    r, w_log, k, v, a, b = (x.contiguous() for x in (r, w_log, k, v, a, b))
-    s_in = state.float().contiguous()
-    out = torch.empty_like(v)
-    s_out = torch.empty(B, n_states, H, N, N, dtype=torch.float32, device=r.device)
-    if B * H == 0:
-        return out, s_out
-    bk = max(16, triton.next_power_of_2(N))
-    bv = min(bk, 32)
-    grid = (B * H, triton.cdiv(N, bv))
-    _wkv7_kernel[grid](r, w_log, k, v, a, b, s_in, out, s_out, T, H, N, n_states, BK=bk, BV=bv)
-    return out, s_out
+    return launch(_wkv7_kernel, (r, w_log, k, v, a, b), (), state, n_states, v.dtype, max_bv=32)
 
 
 def wkv7(

@@ -95,9 +95,9 @@ def batched_bench(
     pps_list, tg_list, pl_list = _ints(npp, "-npp"), _ints(ntg, "-ntg"), _ints(npl, "-npl")
     if min(pl_list) < 1:
         raise typer.BadParameter("B must be at least 1", param_hint="-npl")
-    n_threads = kvtool.set_n_threads(threads)
     shown = common.progress_console(err, no_progress)
-    m = common.load_model_with_status(model, shown, common.device_setting(device, n_gpu_layers), weights)
+    m = common.load_model(model, shown, device, n_gpu_layers, weights, threads)
+    n_threads = kvtool.set_n_threads()  # no argument: changes nothing, tells the threads -t set
     if ctx_size == 0:  # every combination fits: per stream in split mode, in total when unified
         combos = [(pp, tg, pl) for pp in pps_list for tg in tg_list for pl in pl_list]
         if kv_unified:

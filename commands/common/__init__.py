@@ -261,3 +261,17 @@ def load_model_with_status(
         bar.close()
     with console.status(plain(f"loading {path.name}"), spinner="dots"):
         return kvtool.Model(path, weights=weights, device=device)
+
+
+def load_model(
+    model: str,
+    console: Console,
+    device: str | None,
+    n_gpu_layers: int | None,
+    weights: str,
+    threads: int | None,
+) -> kvtool.Model:
+    """What -t, -m, -dev/-ngl and --weights ask for: the threads set, then the model loaded
+    (`load_model_with_status`, progress on `console`) onto the device `device_setting` picks."""
+    kvtool.set_n_threads(threads)
+    return load_model_with_status(model, console, device_setting(device, n_gpu_layers), weights)

@@ -215,8 +215,7 @@ def parallel(
         where = f"{server} (model '{model}')"
         out.print(f"parallel: simulating {n_parallel} clients against {server}")
     else:
-        kvtool.set_n_threads(threads)
-        m = common.load_model_with_status(model, err, common.device_setting(device, n_gpu_layers), weights)
+        m = common.load_model(model, err, device, n_gpu_layers, weights, threads)
         # sequence 0 holds the system prompt; the geometry (n_ctx_seq) is printed below
         n_seq_max = n_parallel + 1
         cp = common.context_params(

@@ -131,11 +131,8 @@ def run(
     if session_file is not None:  # where the chat will be saved: checked before any work
         kvtool.check_state_path(session_file)
     db = kvtool.ConversationStore(store) if store is not None else None  # refuses a foreign file now
-    kvtool.set_n_threads(threads)
     t_load_start = time.perf_counter()
-    m = common.load_model_with_status(
-        model, err if not no_progress else _quiet, common.device_setting(device, n_gpu_layers), weights
-    )
+    m = common.load_model(model, err if not no_progress else _quiet, device, n_gpu_layers, weights, threads)
     t_load = time.perf_counter() - t_load_start
     if jinja:
         m.use_chat_template(jinja=True)

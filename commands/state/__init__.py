@@ -60,10 +60,8 @@ def save(
 ) -> None:
     """Decode the prompt (raw text, no chat template) and save the state atomically."""
     kvtool.check_state_path(output)  # before the work: a path it cannot save to is one line now
-    kvtool.set_n_threads(threads)
-    m = common.load_model_with_status(
-        model, common.progress_console(err, no_progress), common.device_setting(device, n_gpu_layers), weights
-    )
+    shown = common.progress_console(err, no_progress)
+    m = common.load_model(model, shown, device, n_gpu_layers, weights, threads)
     s = 0 if seq is None else seq
     cp = common.context_params(ctx_size, batch_size, ubatch_size, s + 1, kv_unified, swa_full, type_k, type_v)
     ctx = common.make_context(m, cp, err)
@@ -125,8 +123,7 @@ def load(
     if info.kind == "context" and seq is not None and seq not in saved:
         raise kvtool.StateError(f"{input} holds sequences {saved}, not {seq}")
     s = seq if seq is not None else (saved[0] if info.kind == "context" and saved else 0)
-    kvtool.set_n_threads(threads)
-    m = common.load_model_with_status(model, err, common.device_setting(device, n_gpu_layers), weights)
+    m = common.load_model(model, err, device, n_gpu_layers, weights, threads)
     n_seq_max = max([s, *saved]) + 1 if info.kind == "context" else s + 1
     cp = common.context_params(
         ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v

@@ -7,10 +7,9 @@ target, with the ptxas that Triton ships, catches that without a GPU.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.kernels.sm90 import compile_in_subprocess, compile_sm90
 
 # attention variants: (activation dtype, cache dtype, split-KV partials, visibility from cell
 # metadata, sliding-window kind as an index in kernels.visibility.SWA_KINDS)
@@ -25,11 +24,7 @@ ATTENTION = [
 ]
 
 
-def compile_all() -> None:  # runs in a subprocess with TRITON_INTERPRET unset
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+def compile_all() -> None:  # runs in `compile_in_subprocess`
     from kvtool.kernels import attention, store_kv
 
     def build(fn, pointers: dict[str, str], constexprs: dict[str, object], **options) -> None:
@@ -37,9 +32,7 @@ def compile_all() -> None:  # runs in a subprocess with TRITON_INTERPRET unset
         scalar = {name: "fp32" if name == "qk_scale" else "i32" for name in fn.arg_names}
         signature = scalar | {name: "*" + t for name, t in pointers.items()}
         signature |= {name: "constexpr" for name in constexprs}
-        source = ASTSource(fn, signature, constexprs)
-        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-        assert kernel.asm["cubin"], fn.__name__
+        compile_sm90(fn, signature, constexprs, **options)
 
     partials = dict(m_ptr="fp32", l_ptr="fp32", acc_ptr="fp32")
     meta = dict(cpos_ptr="i64", cseq_ptr="i64", qpos_ptr="i64", qseq_ptr="i64")
@@ -54,10 +47,4 @@ def compile_all() -> None:  # runs in a subprocess with TRITON_INTERPRET unset
 
 
 def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)  # compile for real, not from an earlier run's cache
-    code = "from tests.kernels.test_compile import compile_all; compile_all()"
-    root = Path(__file__).parents[2]
-    cmd = [sys.executable, "-c", code]
-    r = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
+    compile_in_subprocess("tests.kernels.test_compile", "compile_all", tmp_path)

@@ -3,9 +3,6 @@ Triton kernel against the reference (TRITON_INTERPRET=1 on CPU)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +10,7 @@ import torch
 
 from kvtool.kernels import short_conv as sc
 from kvtool.kernels.short_conv import short_conv, short_conv_ref, short_conv_triton
+from tests.kernels.sm90 import compile_in_subprocess, compile_sm90
 
 
 def case(S: int, T: int, C: int, L: int, seed: int):  # type: ignore[no-untyped-def]
@@ -98,27 +96,14 @@ def test_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(calls) == 1 and torch.equal(y, y0) and torch.equal(s, s0)
 
 
-def compile_all() -> None:  # runs in a subprocess with TRITON_INTERPRET unset
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+def compile_all() -> None:  # runs in `compile_in_subprocess`
     fn = sc._short_conv_kernel
     for bias in (True, False):
         constexprs = dict(HAS_BIAS=bias, BLOCK_C=128)
         signature = {name: "*fp32" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
         signature |= {name: "constexpr" for name in constexprs}
-        kernel = triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32))
-        assert kernel.asm["cubin"]
+        compile_sm90(fn, signature, constexprs)
 
 
 def test_kernel_compiles_for_sm90(tmp_path: Path) -> None:
-    """The interpreter accepts code the compiler rejects: compile for an H100 without a GPU."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)
-    code = "from tests.kernels.test_short_conv import compile_all; compile_all()"
-    root = Path(__file__).parents[2]
-    r = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=600
-    )
-    assert r.returncode == 0, r.stderr[-4000:]
+    compile_in_subprocess("tests.kernels.test_short_conv", "compile_all", tmp_path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvtool.kernels.ssd import CHUNK, softplus, ssd, ssd_ref, ssd_step_ref, ssd_step_triton, ssd_triton
+from kvtool.kernels.ssd import CHUNK, softplus, ssd_ref, ssd_step_ref, ssd_step_triton, ssd_triton
 
 
 def case(S: int, T: int, H: int, P: int, G: int, N: int, seed: int):  # type: ignore[no-untyped-def]
@@ -57,16 +57,6 @@ def test_reference_is_the_recurrence(S: int, T: int, H: int, P: int, G: int, N: 
     y0, h0 = naive(s, x, dt, A, B, C)
     torch.testing.assert_close(y.double(), y0, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(states.double(), h0[:, T - n_states :], rtol=1e-4, atol=1e-4)
-
-
-def test_step_is_one_token_of_the_scan() -> None:
-    s, x, dt, A, B, C = case(3, 1, 4, 8, 2, 16, 5)
-    y, h = ssd_step_ref(s, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0])
-    y0, h0 = naive(s, x, dt, A, B, C)
-    torch.testing.assert_close(y.double(), y0[:, 0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(h.double(), h0[:, 0], rtol=1e-5, atol=1e-5)
-    y1, h1 = ssd(s, x, dt, A, B, C)
-    assert torch.equal(y1[:, 0], y) and torch.equal(h1[:, 0], h)
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,6 @@ caller's arguments, and every kernel compiles for sm_90 ahead of time (no GPU ne
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +11,8 @@ import torch
 
 from kvtool.kernels import ssd as ssd_mod
 from kvtool.kernels import ssm_scan as scan_mod
+from tests.kernels import test_ssd, test_ssm_scan
+from tests.kernels.sm90 import compile_in_subprocess, compile_sm90
 
 
 def _scan_inputs(T: int) -> tuple[torch.Tensor, ...]:
@@ -79,27 +78,33 @@ def test_accepted_tensors_take_the_kernel(mod, name, inputs, monkeypatch: pytest
     assert len(calls) == 2
 
 
-def compile_all() -> None:  # runs in a subprocess with TRITON_INTERPRET unset
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+@pytest.mark.parametrize(
+    ("mod", "name", "tests", "shape"),
+    [
+        (scan_mod, "ssm_scan", test_ssm_scan, (3, 1, 16, 8, 7)),  # S, T, D, N, seed
+        (ssd_mod, "ssd", test_ssd, (3, 1, 4, 8, 2, 16, 5)),  # S, T, H, P, G, N, seed
+    ],
+    ids=["ssm_scan", "ssd"],
+)
+def test_step_is_one_token_of_the_scan(mod, name, tests, shape) -> None:  # type: ignore[no-untyped-def]
+    s, x, dt, A, B, C = tests.case(*shape)
+    y, h = getattr(mod, f"{name}_step_ref")(s, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0])
+    y0, h0 = tests.naive(s, x, dt, A, B, C)
+    torch.testing.assert_close(y.double(), y0[:, 0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h.double(), h0[:, 0], rtol=1e-5, atol=1e-5)
+    y1, h1 = getattr(mod, name)(s, x, dt, A, B, C)  # the dispatcher takes the step form
+    assert torch.equal(y1[:, 0], y) and torch.equal(h1[:, 0], h)
 
+
+def compile_all() -> None:  # runs in `compile_in_subprocess`
     for fn, constexprs in (
         (scan_mod._ssm_scan_kernel, dict(BLOCK_D=64, BLOCK_N=16)),
         (ssd_mod._ssd_kernel, dict(BLOCK_P=64, BLOCK_N=128)),
     ):
         signature = {name: "*fp32" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
         signature |= {name: "constexpr" for name in constexprs}
-        kernel = triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32))
-        assert kernel.asm["cubin"], fn.__name__
+        compile_sm90(fn, signature, constexprs)
 
 
 def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path)
-    code = "from tests.kernels.test_ssm_dispatch import compile_all; compile_all()"
-    root = Path(__file__).parents[2]
-    r = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=600
-    )
-    assert r.returncode == 0, r.stderr[-4000:]
+    compile_in_subprocess("tests.kernels.test_ssm_dispatch", "compile_all", tmp_path)

@@ -8,7 +8,6 @@ import torch
 
 from kvtool.kernels.ssm_scan import (
     softplus,
-    ssm_scan,
     ssm_scan_ref,
     ssm_scan_step_ref,
     ssm_scan_step_triton,
@@ -52,16 +51,6 @@ def test_reference_is_the_recurrence(S: int, T: int, D: int, N: int, n_states: i
     y0, h0 = naive(s, x, dt, A, B, C)
     torch.testing.assert_close(y.double(), y0, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(states.double(), h0[:, T - n_states :], rtol=1e-4, atol=1e-4)
-
-
-def test_step_is_one_token_of_the_scan() -> None:
-    s, x, dt, A, B, C = case(3, 1, 16, 8, 7)
-    y, h = ssm_scan_step_ref(s, x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0])
-    y0, h0 = naive(s, x, dt, A, B, C)
-    torch.testing.assert_close(y.double(), y0[:, 0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(h.double(), h0[:, 0], rtol=1e-5, atol=1e-5)
-    y1, h1 = ssm_scan(s, x, dt, A, B, C)
-    assert torch.equal(y1[:, 0], y) and torch.equal(h1[:, 0], h)
 
 
 @pytest.mark.parametrize(
