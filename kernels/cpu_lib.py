@@ -85,19 +85,22 @@ def load(path: Path) -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(path))
     except OSError:
         return None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    segs, rows = ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)
-    lib.kvq_matmul.argtypes = [ctypes.c_int, segs, rows, ctypes.c_int, i64, i64, ptr, i64, i64, ptr, i64]
-    lib.kvq_matmul.restype = ctypes.c_int
-    lib.kvq_matmul_w.argtypes = [ctypes.c_void_p, ptr, i64, i64, ptr]
-    lib.kvq_matmul_w.restype = ctypes.c_int
-    lib.kvq_matmul_norm.argtypes = [ctypes.c_void_p, ptr, i64, i64, ptr, ptr, ctypes.c_float]
-    lib.kvq_matmul_norm.restype = ctypes.c_int
-    lib.kvq_ffn_swiglu.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ptr, i64, i64, ptr, ptr, ctypes.c_float]
-    lib.kvq_ffn_swiglu.restype = ctypes.c_int
-    lib.kvq_set_threads.argtypes = [ctypes.c_int]
-    lib.kvq_set_threads.restype = ctypes.c_int
-    lib.kvq_avx2.restype = ctypes.c_int
+    try:
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        segs, rows = ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)
+        lib.kvq_matmul.argtypes = [ctypes.c_int, segs, rows, ctypes.c_int, i64, i64, ptr, i64, i64, ptr, i64]
+        lib.kvq_matmul.restype = ctypes.c_int
+        lib.kvq_matmul_w.argtypes = [ctypes.c_void_p, ptr, i64, i64, ptr]
+        lib.kvq_matmul_w.restype = ctypes.c_int
+        lib.kvq_matmul_norm.argtypes = [ctypes.c_void_p, ptr, i64, i64, ptr, ptr, ctypes.c_float]
+        lib.kvq_matmul_norm.restype = ctypes.c_int
+        lib.kvq_ffn_swiglu.argtypes = [ptr, ptr, ptr, i64, i64, ptr, ptr, ctypes.c_float]
+        lib.kvq_ffn_swiglu.restype = ctypes.c_int
+        lib.kvq_set_threads.argtypes = [ctypes.c_int]
+        lib.kvq_set_threads.restype = ctypes.c_int
+        lib.kvq_avx2.restype = ctypes.c_int
+    except AttributeError:  # a library of other sources: a function is missing
+        return None
     lib.kvq_set_threads(torch.get_num_threads())
     return lib
 
