@@ -17,6 +17,7 @@ from gguf.quants import quantize
 from kvtool import Batch, Context, ContextParams, Model
 from kvtool.kernels import qmatmul
 from kvtool.models.linear import QUANT_MAX_ROWS, QuantLinear
+from kvtool.threads import compute_threads
 from tests.helpers import tiny_gguf
 
 pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: the kernel is not built")
@@ -59,9 +60,10 @@ def test_quantized_model_against_the_f32_mode(model_path: Path) -> None:
     assert isinstance(layer.ffn_down, QuantLinear) and layer.ffn_down.native is not None
     tokens = ([1, 5, 9, 3, 7, 11, 4, 8, 2, 6] * 8)[: 2 * (QUANT_MAX_ROWS + 1)]
     want = logits(exact, tokens, len(tokens))
-    threads = torch.get_num_threads()
+    threads = compute_threads()
     few = logits(auto, tokens, 1)  # one row per ubatch: the compiled kernel
-    assert torch.get_num_threads() == threads  # torch's threads come back after each ubatch
+    # between ubatches torch idles on one thread; the configured threads stay the pool's
+    assert torch.get_num_threads() == 1 and compute_threads() == threads
     err = (few - want).abs().max() / want.abs().max()
     assert float(err) < 0.03, float(err)  # int8 activations, as llama.cpp's CPU backend
     assert (few.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
