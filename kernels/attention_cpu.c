@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_half.h"
 #include "cpu_pool.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -37,40 +38,13 @@ typedef struct {
     float scale;
 } attn_t;
 
-static inline float half_bits_to_float(uint16_t h) {
-#ifdef KV_AVX2
-    return _cvtsh_ss(h);
-#else
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else {
-            exp = 127 - 15 + 1;
-            while (!(man & 0x400)) {
-                man <<= 1;
-                exp--;
-            }
-            bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7F800000 | (man << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-#endif
-}
-
 /* Element j of a row of the cache type. */
 static inline float load1(const uint8_t *row, int type, int64_t j) {
     uint16_t h;
     switch (type) {
     case KV_F16:
         memcpy(&h, row + 2 * j, 2);
-        return half_bits_to_float(h);
+        return half_to_float(h);
     case KV_BF16: {
         memcpy(&h, row + 2 * j, 2);
         const uint32_t bits = (uint32_t)h << 16;
