@@ -73,12 +73,6 @@ static inline __m256 load8(const uint8_t *row, int type, int64_t j) {
     }
 }
 
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 #endif
 
 static inline __attribute__((always_inline)) float dot_row(const float *q, const uint8_t *k, int type, int64_t D) {
@@ -94,7 +88,7 @@ static inline __attribute__((always_inline)) float dot_row(const float *q, const
         a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 24), load8(k, type, j + 24), a3);
     }
     for (; j + 8 <= D; j += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), load8(k, type, j), a0);
-    sum = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    sum = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 #endif
     for (; j < D; j++) sum += q[j] * load1(k, type, j);
     return sum;
@@ -138,7 +132,7 @@ static float exp_row(float *w, const float *sc, float mx, int64_t n) {
         _mm256_storeu_ps(w + c, y);
         acc = _mm256_add_ps(acc, y);
     }
-    sum = hsum8(acc);
+    sum = hsum(acc);
 #endif
     for (; c < n; c++) {
         w[c] = sc[c] == -INFINITY ? 0.0f : expf(sc[c] - mx);

@@ -87,9 +87,6 @@ def load(path: Path) -> ctypes.CDLL | None:
         return None
     try:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        segs, rows = ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)
-        lib.kvq_matmul.argtypes = [ctypes.c_int, segs, rows, ctypes.c_int, i64, i64, ptr, i64, i64, ptr, i64]
-        lib.kvq_matmul.restype = ctypes.c_int
         lib.kvq_matmul_w.argtypes = [ctypes.c_void_p, ptr, i64, i64, ptr]
         lib.kvq_matmul_w.restype = ctypes.c_int
         lib.kvq_matmul_norm.argtypes = [ctypes.c_void_p, ptr, i64, i64, ptr, ptr, ctypes.c_float]
@@ -98,7 +95,6 @@ def load(path: Path) -> ctypes.CDLL | None:
         lib.kvq_ffn_swiglu.restype = ctypes.c_int
         lib.kvq_set_threads.argtypes = [ctypes.c_int]
         lib.kvq_set_threads.restype = ctypes.c_int
-        lib.kvq_avx2.restype = ctypes.c_int
     except AttributeError:  # a library of other sources: a function is missing
         return None
     lib.kvq_set_threads(torch.get_num_threads())

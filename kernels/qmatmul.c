@@ -174,12 +174,6 @@ static inline __m256 dot_u8_i8(__m256i w, __m256i x, __m256i pair_weights) {
 
 /* Signed weights times signed activations (the sign moved onto the activations). */
 
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 #endif
 
@@ -344,13 +338,6 @@ int kvq_supported(int type) {
            type == T_Q6_K;
 }
 
-int kvq_avx2(void) {
-#ifdef KV_AVX2
-    return 1;
-#else
-    return 0;
-#endif
-}
 
 /* y = x @ W.T for x [n, k] float32 (rows ldx apart) and W the `nseg` weights ws[s] of
  * seg_rows[s] rows each (GGUF blocks, `row_bytes` a row), stacked along n_out; y [n, n_out]
@@ -399,10 +386,6 @@ static int matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, i
     return 0;
 }
 
-int kvq_matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, int nseg, int64_t row_bytes,
-               int64_t k, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy) {
-    return matmul(type, ws, seg_rows, nseg, row_bytes, k, x, ldx, n, y, ldy, NULL, 0.0f);
-}
 
 /* Threads (the caller included) that the kernels use; returns the number set. */
 int kvq_set_threads(int n) { return kv_set_threads(n); }
