@@ -6,10 +6,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kvtool.kernels import rope_store_cpu
 from kvtool.kernels.attention import attention, attention_cells
 from kvtool.kernels.store_kv import store_kv
 from kvtool.memory.kv_cache_context import KVView
 from kvtool.models.linear import Linear, LinearGroup, swiglu_native
+from kvtool.models.rope import RopeParams, Rotation, apply_rope
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -69,6 +71,35 @@ def attend(view: KVView, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
     n = q.shape[0]
     store_kv(view.k_rows, k if k.dim() == 2 else k.reshape(n, -1), view.rows)
     store_kv(view.v_rows, v if v.dim() == 2 else v.reshape(n, -1), view.rows)
+    return _attend_stored(view, q, scale)
+
+
+def rope_attend(
+    view: KVView,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    head_dim: int,
+    rot: Rotation,
+    rope: RopeParams,
+    scale: float,
+) -> torch.Tensor:
+    """attend(view, rope(q), rope(k), v, scale) for q, k, v as rows [n, heads * head_dim]: on
+    the CPU the rotation and the K/V store are one compiled call (kernels/rope_store_cpu.c,
+    which rotates q and k in place), else op by op."""
+    n = q.shape[0]
+    if rot.cs is not None and rope_store_cpu.applies(q, k, v, view.k_rows, view.v_rows):
+        cs, k_rows, v_rows = rot.cs, view.k_rows, view.v_rows
+        rope_store_cpu.rope_store(q, k, v, head_dim, cs, rope.n_rot, rope.neox, k_rows, v_rows, view.rows)
+        return _attend_stored(view, q.view(n, -1, head_dim), scale)
+    q = apply_rope(q.reshape(n, -1, head_dim), rot, rope)
+    k = apply_rope(k.reshape(n, -1, head_dim), rot, rope)
+    return attend(view, q, k, v, scale)
+
+
+def _attend_stored(view: KVView, q: torch.Tensor, scale: float) -> torch.Tensor:
+    # the ubatch's K/V rows are in the cache: attend per stream
+    n = q.shape[0]
     n_s = view.streams.stop - view.streams.start
     qs = q.reshape(n_s, n // n_s, q.shape[1], q.shape[2])  # [n_stream_ub, n / n_stream_ub, n_head, d_k]
     ks, vs = view.attended()  # [n_stream_ub, n_kv, n_head_kv, d]

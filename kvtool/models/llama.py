@@ -13,7 +13,7 @@ from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import HParams
-from kvtool.models.layers import attend, rms_norm, swiglu_normed
+from kvtool.models.layers import rms_norm, rope_attend, swiglu_normed
 from kvtool.models.linear import Embedding, Linear, LinearGroup, linear_normed, load_linear, output_linear
 from kvtool.models.rope import RopeParams, apply_rope
 
@@ -76,17 +76,13 @@ class LlamaModel:
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
         hp = self.hp
-        n = ub.n_tokens
         x = self.tok_embd(torch.from_numpy(ub.token))  # [n, n_embd]
         rot = self.rope.rotation(torch.from_numpy(ub.pos).to(x.device))
         scale = 1.0 / math.sqrt(hp.head_dim_k)
         for il, L in enumerate(self.layers):
-            q, k, v = L.wqkv.normed(x, L.attn_norm, hp.eps, rms_norm)
-            q = q.reshape(n, hp.n_head, hp.head_dim_k)
-            k = k.reshape(n, hp.n_head_kv[il], hp.head_dim_k)  # v stays rows [n, n_head_kv * hd_v]
-            q = apply_rope(q, rot, self.rope)
-            k = apply_rope(k, rot, self.rope)
-            x += L.wo(attend(mctx.layer_view(il), q, k, v, scale))  # x is this forward's own tensor
+            q, k, v = L.wqkv.normed(x, L.attn_norm, hp.eps, rms_norm)  # rows [n, heads * head_dim]
+            a = rope_attend(mctx.layer_view(il), q, k, v, hp.head_dim_k, rot, self.rope, scale)
+            x += L.wo(a)  # x is this forward's own tensor
             if il == hp.n_layer - 1 and not ub.output.all():
                 x = x[torch.from_numpy(ub.output).to(x.device)]  # only output rows need the rest
             x += swiglu_normed(x, L.ffn_norm, hp.eps, L.ffn_gate_up, L.ffn_down)

@@ -25,6 +25,7 @@ class Rotation:
     cis: torch.Tensor | None = None  # NORM: [n, 1, n_rot/2] complex64, cos + i sin
     cos: torch.Tensor | None = None  # NEOX: [n, 1, n_rot], each pair's cos at both of its members
     sin: torch.Tensor | None = None  # NEOX: [n, 1, n_rot], -sin at a pair's first member, +sin at its second
+    cs: torch.Tensor | None = None  # both modes: [n, n_rot/2, 2] each pair's (cos, sin), for compiled kernels
 
 
 @dataclass(frozen=True)
@@ -53,12 +54,14 @@ class RopeParams:
     def _layout(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         # [n, half] -> the tables of Rotation for this mode, [n, ...] (no head axis yet)
         if self.neox:  # pairs (i, i + half)
-            return torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)
+            return torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1), torch.stack([cos, sin], -1)
         return (torch.complex(cos, sin),)
 
     def _rotation(self, tables: tuple[torch.Tensor, ...]) -> Rotation:
-        t = [x[:, None] for x in tables]  # [n, 1, ...]: one row for every head
-        return Rotation(cos=t[0], sin=t[1]) if self.neox else Rotation(cis=t[0])
+        t = [x[:, None] for x in tables[:2]]  # [n, 1, ...]: one row for every head
+        if self.neox:
+            return Rotation(cos=t[0], sin=t[1], cs=tables[2])
+        return Rotation(cis=t[0], cs=torch.view_as_real(tables[0]))
 
     def rotation(self, pos: torch.Tensor) -> Rotation:
         """The tables for positions (or position deltas) `pos` [n], on pos's device."""

@@ -1,0 +1,80 @@
+"""RoPE on a ubatch's Q/K rows and the K/V store into the layer's cache in one compiled call
+(rope_store_cpu.c via cpu_lib).
+
+Op by op this is `apply_rope` on Q and K (kvtool/models/rope.py) then `store_kv_ref` of K and V
+(kernels/store_kv.py): those are the specification, and the compiled call gives their bits (the
+pair formula without fused multiply-adds, round-to-nearest-even into f16/bf16). At one token
+the op-by-op path costs some forty microseconds a layer in framework calls; this costs a few.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from kvtool.kernels import cpu_lib
+
+_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def _rows(x: torch.Tensor) -> bool:  # float32 rows [n, width] with contiguous elements
+    return x.dim() == 2 and x.dtype == torch.float32 and x.stride(1) == 1 and x.device.type == "cpu"
+
+
+def applies(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+) -> bool:
+    """Whether `rope_store` takes these: q/k/v float32 rows on the CPU, caches of one supported
+    type as rows with contiguous elements, and the kernels loaded."""
+    return (
+        _rows(q)
+        and _rows(k)
+        and _rows(v)
+        and k_cache.dtype in _TYPES
+        and v_cache.dtype == k_cache.dtype
+        and k_cache.dim() == 2
+        and v_cache.dim() == 2
+        and k_cache.stride(1) == 1
+        and v_cache.stride(1) == 1
+        and k_cache.shape[1] == k.shape[1]
+        and v_cache.shape[1] == v.shape[1]
+        and cpu_lib.lib() is not None
+    )
+
+
+def rope_store(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    head_dim: int,
+    cs: torch.Tensor | None,
+    n_rot: int,
+    neox: bool,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    rows: torch.Tensor,
+    lib: ctypes.CDLL | None = None,
+) -> None:
+    """q [n, n_head * head_dim] and k [n, n_head_kv * head_dim] rotated in place by cs ([n,
+    n_rot / 2, 2] (cos, sin) per pair, float32, last two dims contiguous; None: not rotated),
+    then k_cache[rows[i]] = k[i] and v_cache[rows[i]] = v[i] in the caches' type. Needs
+    `applies`; rows int64, distinct, within the caches. `lib`: another build of the kernels."""
+    lib = lib or cpu_lib.lib()
+    assert lib is not None
+    n = q.shape[0]
+    laid_out = cs is None or (cs.dtype == torch.float32 and cs.stride(2) == 1 and cs.stride(1) == 2)
+    if cs is not None and (not laid_out or cs.shape[0] != n):
+        cs = cs.float().contiguous()
+    if rows.dtype != torch.int64 or not rows.is_contiguous():
+        rows = rows.long().contiguous()
+    rc = lib.kvr_rope_store(
+        q.data_ptr(), q.stride(0), q.shape[1] // head_dim,
+        k.data_ptr(), k.stride(0), k.shape[1] // head_dim, head_dim,
+        v.data_ptr(), v.stride(0), v.shape[1], n,
+        None if cs is None else cs.data_ptr(), 0 if cs is None else cs.stride(0), n_rot, int(neox),
+        k_cache.data_ptr(), k_cache.stride(0), v_cache.data_ptr(), v_cache.stride(0), _TYPES[k_cache.dtype],
+        rows.data_ptr(),
+    )  # fmt: skip
+    if rc != 0:
+        raise ValueError(f"rope_store: bad call (q {tuple(q.shape)}, k {tuple(k.shape)}, n_rot {n_rot})")
