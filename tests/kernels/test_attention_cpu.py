@@ -14,7 +14,14 @@ pytestmark = pytest.mark.skipif(cpu_lib.lib() is None, reason="no C compiler: th
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(
-    ("S", "n_q", "H", "Hkv", "D"), [(1, 1, 9, 3, 64), (4, 3, 4, 4, 20), (3, 2, 8, 2, 256), (2, 1, 10, 2, 48), (2, 2, 4, 2, 16)]
+    ("S", "n_q", "H", "Hkv", "D"),
+    [
+        (1, 1, 9, 3, 64),
+        (4, 3, 4, 4, 20),
+        (3, 2, 8, 2, 256),
+        (2, 1, 10, 2, 48),
+        (2, 2, 4, 2, 16),
+    ],  # 1 to 5 per KV head
 )
 @pytest.mark.parametrize("threads", [1, 3])
 def test_matches_the_reference(
