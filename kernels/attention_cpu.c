@@ -76,6 +76,7 @@ static inline __m256 load8(const uint8_t *row, int type, int64_t j) {
 
 #endif
 
+#define PREFETCH 8 /* keys ahead whose K and V rows are fetched */
 #define GT 4 /* query heads of one KV head computed together: each K/V row is read once for them */
 
 /* out[t] = q[t] . k for the ng (<= GT) query rows q[t], k a cache row of D elements. */
@@ -201,7 +202,13 @@ static inline __attribute__((always_inline)) void group(const attn_t *A, int64_t
         return;
     }
     float mx[GT] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, d[GT];
+    const int64_t kbytes = A->D * es, vbytes = A->Dv * es;
     for (int64_t c = 0; c < n; c++) {
+        if (c + PREFETCH < n) { /* the cache is cold after a token's weights went by: fetch ahead, V too */
+            const uint8_t *kn = kb + idx[c + PREFETCH] * A->sk_c * es, *vn = vb + idx[c + PREFETCH] * A->sv_c * es;
+            for (int64_t b = 0; b < kbytes; b += 64) __builtin_prefetch(kn + b);
+            for (int64_t b = 0; b < vbytes; b += 64) __builtin_prefetch(vn + b);
+        }
         dots(q, ng, kb + idx[c] * A->sk_c * es, type, A->D, d);
         for (int t = 0; t < ng; t++) {
             sc[t][c] = d[t] * A->scale + m[idx[c]];

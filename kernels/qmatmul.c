@@ -180,6 +180,8 @@ static inline __m256 dot_u8_i8(__m256i w, __m256i x, __m256i pair_weights) {
 /* ---------------------------------------------------------------- one weight row, 4 x rows */
 #define NR 4 /* activation rows per pass over a weight row: its blocks are decoded once per pass */
 
+#define PREFETCH_ROWS 8 /* weight rows ahead that a pass asks memory for */
+
 #define MAX_SEGS 8 /* weights stacked along n_out (Q, K and V share one call) */
 
 typedef struct {
@@ -326,6 +328,11 @@ static void matmul_rows(void *ctx, int64_t o0, int64_t o1) {
             while (o >= J->seg_end[seg]) seg++;
             const int64_t row = o - (seg ? J->seg_end[seg - 1] : 0);
             float out[NR];
+            if (i0 == 0 && o + PREFETCH_ROWS < J->seg_end[seg]) {
+                /* weights come from memory once per token: ask for a row a few rows ahead */
+                const uint8_t *ahead = J->w[seg] + (row + PREFETCH_ROWS) * J->f.row_bytes;
+                for (int64_t b = 0; b < J->f.row_bytes; b += 64) __builtin_prefetch(ahead + b);
+            }
             (nr == 1 ? fn1 : fn4)(J->w[seg] + row * J->f.row_bytes, nu, qx, dx, sx, out);
             for (int r = 0; r < nr; r++) J->y[(i0 + r) * J->ldy + o] = out[r];
         }
