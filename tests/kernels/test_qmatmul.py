@@ -11,22 +11,10 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
-from kvtool.kernels import cpu_lib, qmatmul
+from kvtool.kernels import qmatmul
 from kvtool.kernels.dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0
 
 pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: the kernel is not built")
-
-
-@pytest.fixture(scope="module", params=["native", "portable"])
-def lib(request: pytest.FixtureRequest) -> ctypes.CDLL:
-    if request.param == "native":
-        lib = cpu_lib.lib()
-    else:
-        cc = cpu_lib._compiler()
-        path = cpu_lib.build(cc, portable=True) if cc else None
-        lib = cpu_lib.load(path) if path else None
-    assert lib is not None
-    return lib
 
 
 def weight(qtype: int, n_out: int, k: int, seed: int) -> torch.Tensor:

@@ -17,19 +17,6 @@ from kvtool.models.rope import RopeParams, Rotation, apply_rope
 pytestmark = pytest.mark.skipif(cpu_lib.lib() is None, reason="no C compiler: the kernels are not built")
 
 
-@pytest.fixture(scope="module", params=["native", "portable"])
-def lib(request: pytest.FixtureRequest) -> ctypes.CDLL:
-    if request.param == "native":
-        built = cpu_lib.lib()
-    else:
-        cc = cpu_lib._compiler()
-        path = cpu_lib.build(cc, portable=True) if cc else None
-        built = cpu_lib.load(path) if path is not None else None
-    if built is None:
-        pytest.skip("this build is not available")
-    return built
-
-
 def pair_formula(x: torch.Tensor, rot: Rotation, p: RopeParams) -> torch.Tensor:
     """x [n, heads, hd] rotated: (a, b) -> (a c - b s, a s + b c), each op one float32 rounding."""
     assert rot.cs is not None
