@@ -5,9 +5,8 @@
  * with g = H / Hkv query heads per KV head; a key whose mask is -inf is skipped without being
  * read; a row that sees no key is zeros. K and V are read in their cache type (f32, f16, bf16)
  * at any strides with a contiguous last dimension, so the cache is never copied. One task item
- * per (stream, KV head, query row): the keys the row sees listed once, then for up to GT of the
- * KV head's query heads at a time (each K and V row read once for all of them) scores into a
- * buffer, their maximum, exp and sum, then the weighted sum of V rows. */
+ * per (stream, query head): scores into a buffer, their maximum, exp and sum, then the weighted
+ * sum of V rows. */
 
 #include <math.h>
 #include <stdint.h>
@@ -76,55 +75,48 @@ static inline __m256 load8(const uint8_t *row, int type, int64_t j) {
 
 #endif
 
-#define PREFETCH 8 /* keys ahead whose K and V rows are fetched */
-#define GT 4 /* query heads of one KV head computed together: each K/V row is read once for them */
-
-/* out[t] = q[t] . k for the ng (<= GT) query rows q[t], k a cache row of D elements. */
-static inline __attribute__((always_inline)) void dots(const float *const *q, int ng, const uint8_t *k, int type,
-                                                      int64_t D, float *out) {
+static inline __attribute__((always_inline)) float dot_row(const float *q, const uint8_t *k, int type, int64_t D) {
     int64_t j = 0;
-    float s[GT] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float sum = 0.0f;
 #ifdef KV_AVX2
-    __m256 a[GT], b[GT]; /* two chains per head: a chain of dependent FMAs costs its latency per step */
-    for (int t = 0; t < GT; t++) a[t] = b[t] = _mm256_setzero_ps();
-    for (; j + 16 <= D; j += 16) {
-        const __m256 k0 = load8(k, type, j), k1 = load8(k, type, j + 8);
-        for (int t = 0; t < ng; t++) {
-            a[t] = _mm256_fmadd_ps(_mm256_loadu_ps(q[t] + j), k0, a[t]);
-            b[t] = _mm256_fmadd_ps(_mm256_loadu_ps(q[t] + j + 8), k1, b[t]);
-        }
+    /* four independent chains: one chain of dependent FMAs would cost its latency per step */
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (; j + 32 <= D; j += 32) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), load8(k, type, j), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 8), load8(k, type, j + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 16), load8(k, type, j + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 24), load8(k, type, j + 24), a3);
     }
-    for (; j + 8 <= D; j += 8) {
-        const __m256 kv = load8(k, type, j);
-        for (int t = 0; t < ng; t++) a[t] = _mm256_fmadd_ps(_mm256_loadu_ps(q[t] + j), kv, a[t]);
-    }
-    for (int t = 0; t < ng; t++) a[t] = _mm256_add_ps(a[t], b[t]);
-    if (ng == GT) { /* the four sums at once */
-        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-        _mm_storeu_ps(s, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
-    } else {
-        for (int t = 0; t < ng; t++) s[t] = hsum(a[t]);
-    }
+    for (; j + 8 <= D; j += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), load8(k, type, j), a0);
+    sum = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 #endif
-    for (; j < D; j++) {
-        const float kj = load1(k, type, j);
-        for (int t = 0; t < ng; t++) s[t] += q[t][j] * kj;
-    }
-    for (int t = 0; t < ng; t++) out[t] = s[t];
+    for (; j < D; j++) sum += q[j] * load1(k, type, j);
+    return sum;
 }
 
-/* w[c] = exp(sc[c] - mx) for n scores (none -inf); returns the sum of w. */
+static void axpy_row(float *acc, float w, const uint8_t *v, int type, int64_t Dv) {
+    int64_t j = 0;
+#ifdef KV_AVX2
+    const __m256 wv = _mm256_set1_ps(w);
+    for (; j + 8 <= Dv; j += 8)
+        _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(wv, load8(v, type, j), _mm256_loadu_ps(acc + j)));
+#endif
+    for (; j < Dv; j++) acc[j] += w * load1(v, type, j);
+}
+
+/* w[c] = exp(sc[c] - mx), 0 where sc[c] is -inf; returns the sum of w. */
 static float exp_row(float *w, const float *sc, float mx, int64_t n) {
     int64_t c = 0;
     float sum = 0.0f;
 #ifdef KV_AVX2
     /* exp(x) = 2^n exp(r), x = n ln2 + r, |r| <= ln2 / 2, exp(r) by Cephes' expf polynomial */
-    const __m256 vmx = _mm256_set1_ps(mx);
+    const __m256 vmx = _mm256_set1_ps(mx), ninf = _mm256_set1_ps(-INFINITY);
     const __m256 lo = _mm256_set1_ps(-87.3f), log2e = _mm256_set1_ps(1.44269504088896341f);
     const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
     __m256 acc = _mm256_setzero_ps();
     for (; c + 8 <= n; c += 8) {
-        const __m256 x = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(sc + c), vmx), lo);
+        const __m256 s8 = _mm256_loadu_ps(sc + c);
+        const __m256 x = _mm256_max_ps(_mm256_sub_ps(s8, vmx), lo);
         const __m256 fn = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m256 r = _mm256_fnmadd_ps(fn, c2, _mm256_fnmadd_ps(fn, c1, x));
         __m256 p = _mm256_set1_ps(1.9875691500e-4f);
@@ -135,124 +127,79 @@ static float exp_row(float *w, const float *sc, float mx, int64_t n) {
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
         p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
         const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fn), _mm256_set1_epi32(127)), 23);
-        const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+        __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+        y = _mm256_andnot_ps(_mm256_cmp_ps(s8, ninf, _CMP_EQ_OQ), y); /* hidden keys weigh 0 */
         _mm256_storeu_ps(w + c, y);
         acc = _mm256_add_ps(acc, y);
     }
     sum = hsum(acc);
 #endif
     for (; c < n; c++) {
-        w[c] = expf(sc[c] - mx);
+        w[c] = sc[c] == -INFINITY ? 0.0f : expf(sc[c] - mx);
         sum += w[c];
     }
     return sum;
 }
 
-/* o[t] = sum_c w[t][c] v[idx[c]] for the ng (<= GT) heads, over the n visible rows idx, V rows
- * `stride` bytes apart. 16 columns of every head are kept in registers over all rows (an
- * accumulator in memory would make every row wait for the previous row's store). */
-static inline __attribute__((always_inline)) void weighted_sums(float *const *o, const float *const *w, int ng,
-                                                               const int32_t *idx, int64_t n, const uint8_t *v,
-                                                               int64_t stride, int type, int64_t Dv) {
+/* o += sum_c w[c] v[c] over the rows with w[c] != 0, v rows `stride` bytes apart. 64 columns at
+ * a time are kept in registers over all rows (an accumulator in memory would make every row
+ * wait for the previous row's store). */
+static inline __attribute__((always_inline)) void weighted_sum(float *o, const float *w, const uint8_t *v, int64_t stride, int64_t n, int type,
+                         int64_t Dv) {
     int64_t j0 = 0;
 #ifdef KV_AVX2
-    for (; j0 + 16 <= Dv; j0 += 16) {
-        __m256 a[GT][2];
-        for (int t = 0; t < GT; t++) a[t][0] = a[t][1] = _mm256_setzero_ps();
+    for (; j0 + 64 <= Dv; j0 += 64) {
+        __m256 a[8];
+        for (int r = 0; r < 8; r++) a[r] = _mm256_loadu_ps(o + j0 + 8 * r);
         for (int64_t c = 0; c < n; c++) {
-            const uint8_t *row = v + idx[c] * stride;
-            const __m256 v0 = load8(row, type, j0), v1 = load8(row, type, j0 + 8);
-            for (int t = 0; t < ng; t++) {
-                const __m256 wv = _mm256_set1_ps(w[t][c]);
-                a[t][0] = _mm256_fmadd_ps(wv, v0, a[t][0]);
-                a[t][1] = _mm256_fmadd_ps(wv, v1, a[t][1]);
-            }
+            if (w[c] == 0.0f) continue;
+            const __m256 wv = _mm256_set1_ps(w[c]);
+            const uint8_t *row = v + c * stride;
+            for (int r = 0; r < 8; r++) a[r] = _mm256_fmadd_ps(wv, load8(row, type, j0 + 8 * r), a[r]);
         }
-        for (int t = 0; t < ng; t++) {
-            _mm256_storeu_ps(o[t] + j0, a[t][0]);
-            _mm256_storeu_ps(o[t] + j0 + 8, a[t][1]);
-        }
+        for (int r = 0; r < 8; r++) _mm256_storeu_ps(o + j0 + 8 * r, a[r]);
     }
 #endif
-    for (; j0 < Dv; j0++) {
-        for (int t = 0; t < ng; t++) {
-            float acc = 0.0f;
-            for (int64_t c = 0; c < n; c++) acc += w[t][c] * load1(v + idx[c] * stride, type, j0);
-            o[t][j0] = acc;
+    if (j0 < Dv) {
+        for (int64_t c = 0; c < n; c++) {
+            if (w[c] != 0.0f) axpy_row(o + j0, w[c], v + c * stride + j0 * elem_size(type), type, Dv - j0);
         }
     }
 }
 
-/* Query heads t0 .. t0 + ng - 1 of KV head hk, query row i of stream s, over the n keys idx. */
-static inline __attribute__((always_inline)) void group(const attn_t *A, int64_t s, int64_t hk, int64_t i,
-                                                       int64_t t0, const int ng, const uint8_t *kb,
-                                                       const uint8_t *vb, const float *m, const int32_t *idx,
-                                                       int64_t n, float *const *sc, float *const *w,
-                                                       const int type) {
-    const int es = elem_size(type);
-    const float *q[GT];
-    float *o[GT];
-    for (int t = 0; t < ng; t++) {
-        const int64_t h = hk * A->g + t0 + t;
-        q[t] = A->q + s * A->sq_s + i * A->sq_i + h * A->sq_h;
-        o[t] = A->out + ((s * A->n_q + i) * A->H + h) * A->Dv;
-    }
-    if (n == 0) { /* sees no key: zeros */
-        for (int t = 0; t < ng; t++) memset(o[t], 0, sizeof(float) * (size_t)A->Dv);
-        return;
-    }
-    float mx[GT] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, d[GT];
-    const int64_t kbytes = A->D * es, vbytes = A->Dv * es;
-    for (int64_t c = 0; c < n; c++) {
-        if (c + PREFETCH < n) { /* the cache is cold after a token's weights went by: fetch ahead, V too */
-            const uint8_t *kn = kb + idx[c + PREFETCH] * A->sk_c * es, *vn = vb + idx[c + PREFETCH] * A->sv_c * es;
-            for (int64_t b = 0; b < kbytes; b += 64) __builtin_prefetch(kn + b);
-            for (int64_t b = 0; b < vbytes; b += 64) __builtin_prefetch(vn + b);
-        }
-        dots(q, ng, kb + idx[c] * A->sk_c * es, type, A->D, d);
-        for (int t = 0; t < ng; t++) {
-            sc[t][c] = d[t] * A->scale + m[idx[c]];
-            if (sc[t][c] > mx[t]) mx[t] = sc[t][c];
-        }
-    }
-    float inv[GT];
-    for (int t = 0; t < ng; t++) inv[t] = 1.0f / exp_row(w[t], sc[t], mx[t], n);
-    weighted_sums(o, (const float *const *)w, ng, idx, n, vb, A->sv_c * es, type, A->Dv);
-    for (int t = 0; t < ng; t++) {
-        for (int64_t j = 0; j < A->Dv; j++) o[t][j] *= inv[t];
-    }
-}
-
-/* Items [i0, i1) of the flattened (stream, KV head, query row) items: each computes the g query
- * heads of its KV head, GT at a time, over the keys its row's mask shows. */
+/* Query heads [i0, i1) of the flattened (stream, head) items. */
 static inline __attribute__((always_inline)) void items_of_type(const attn_t *A, int64_t i0, int64_t i1,
                                                                  const int type) {
     const int es = elem_size(type);
-    const int64_t nk = A->n_kv > 0 ? A->n_kv : 1, Hkv = A->H / A->g;
-    float *buf = malloc(sizeof(float) * (size_t)(2 * GT * nk) + sizeof(int32_t) * (size_t)nk);
-    if (!buf) return; /* the caller checked a buffer of this size could be had */
-    float *sc[GT], *w[GT];
-    for (int t = 0; t < GT; t++) sc[t] = buf + t * nk, w[t] = buf + (GT + t) * nk;
-    int32_t *idx = (int32_t *)(buf + 2 * GT * nk);
+    float *sc = malloc(sizeof(float) * (size_t)(2 * (A->n_kv > 0 ? A->n_kv : 1)));
+    if (!sc) return; /* the caller checked a buffer of this size could be had */
+    float *w = sc + (A->n_kv > 0 ? A->n_kv : 1);
     for (int64_t it = i0; it < i1; it++) {
-        const int64_t i = it % A->n_q, hk = (it / A->n_q) % Hkv, s = it / (A->n_q * Hkv);
+        const int64_t s = it / A->H, h = it % A->H, hk = h / A->g;
         const uint8_t *kb = A->k + (s * A->sk_s + hk * A->sk_h) * es;
         const uint8_t *vb = A->v + (s * A->sv_s + hk * A->sv_h) * es;
-        const float *m = A->mask + s * A->sm_s + i * A->sm_i;
-        int64_t n = 0; /* the keys this row sees */
-        for (int64_t c = 0; c < A->n_kv; c++) {
-            if (m[c] != -INFINITY) idx[n++] = (int32_t)c;
-        }
-        for (int64_t t0 = 0; t0 < A->g; t0 += GT) {
-            switch (A->g - t0 < GT ? (int)(A->g - t0) : GT) { /* a constant count: accumulators in registers */
-            case 1: group(A, s, hk, i, t0, 1, kb, vb, m, idx, n, sc, w, type); break;
-            case 2: group(A, s, hk, i, t0, 2, kb, vb, m, idx, n, sc, w, type); break;
-            case 3: group(A, s, hk, i, t0, 3, kb, vb, m, idx, n, sc, w, type); break;
-            default: group(A, s, hk, i, t0, GT, kb, vb, m, idx, n, sc, w, type); break;
+        for (int64_t i = 0; i < A->n_q; i++) {
+            const float *q = A->q + s * A->sq_s + i * A->sq_i + h * A->sq_h;
+            const float *m = A->mask + s * A->sm_s + i * A->sm_i;
+            float *o = A->out + ((s * A->n_q + i) * A->H + h) * A->Dv;
+            memset(o, 0, sizeof(float) * (size_t)A->Dv);
+            float mx = -INFINITY;
+            for (int64_t c = 0; c < A->n_kv; c++) {
+                if (m[c] == -INFINITY) {
+                    sc[c] = -INFINITY;
+                    continue;
+                }
+                sc[c] = dot_row(q, kb + c * A->sk_c * es, type, A->D) * A->scale + m[c];
+                if (sc[c] > mx) mx = sc[c];
             }
+            if (mx == -INFINITY) continue; /* sees no key: zeros */
+            const float sum = exp_row(w, sc, mx, A->n_kv);
+            weighted_sum(o, w, vb, A->sv_c * es, A->n_kv, type, A->Dv);
+            const float inv = 1.0f / sum;
+            for (int64_t j = 0; j < A->Dv; j++) o[j] *= inv;
         }
     }
-    free(buf);
+    free(sc);
 }
 
 static void attn_items(void *ctx, int64_t i0, int64_t i1) {
@@ -273,10 +220,9 @@ int kva_attention(const float *q, int64_t sq_s, int64_t sq_i, int64_t sq_h, cons
     if (kv_type < KV_F32 || kv_type > KV_BF16 || S < 0 || n_q < 0 || Hkv < 1 || H % Hkv || n_kv < 0) return -1;
     attn_t A = {q, sq_s, sq_i, sq_h, k, v, sk_s, sk_c, sk_h, sv_s, sv_c, sv_h, kv_type,
                 mask, sm_s, sm_i, out, n_q, H, H / Hkv, n_kv, D, Dv, scale};
-    if (n_kv > INT32_MAX) return -1;
-    void *probe = malloc(sizeof(float) * (size_t)((2 * GT + 1) * (n_kv > 0 ? n_kv : 1)));
+    void *probe = malloc(sizeof(float) * (size_t)(2 * (n_kv > 0 ? n_kv : 1)));
     if (!probe) return -1;
     free(probe);
-    kv_parallel(attn_items, &A, S * Hkv * n_q, 1);
+    kv_parallel(attn_items, &A, S * H, 1);
     return 0;
 }
