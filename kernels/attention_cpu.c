@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cpu_half.h"
+#include "cpu_kernels.h"
 #include "cpu_pool.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)

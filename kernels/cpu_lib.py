@@ -1,5 +1,5 @@
-"""The compiled CPU kernels (cpu_pool.c, qmatmul.c, attention_cpu.c, rope_store_cpu.c): built
-once per machine, loaded with ctypes.
+"""The compiled CPU kernels (cpu_pool.c, qmatmul.c, attention_cpu.c, rope_store_cpu.c,
+decoder_cpu.c): built once per machine, loaded with ctypes.
 
 `cc -O3 -march=native` builds every C file of this folder into one shared object in the user's
 cache (`$XDG_CACHE_HOME/kvtool/kernels`), keyed by the sources, the compiler and the CPU's flags;
@@ -96,6 +96,8 @@ def load(path: Path) -> ctypes.CDLL | None:
         lib.kvr_rope_store.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, ptr, i64, i64, i64, ptr, i64, i64]
         lib.kvr_rope_store.argtypes += [ctypes.c_int, ptr, i64, ptr, i64, ctypes.c_int, ptr]
         lib.kvr_rope_store.restype = ctypes.c_int
+        lib.kvl_llama_layers.argtypes = [ptr, ptr, i64, ptr, ptr, i64]
+        lib.kvl_llama_layers.restype = ctypes.c_int
         lib.kvq_set_threads.argtypes = [ctypes.c_int]
         lib.kvq_set_threads.restype = ctypes.c_int
     except AttributeError:  # a library of other sources: a function is missing

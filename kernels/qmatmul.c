@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "cpu_half.h"
+#include "cpu_kernels.h"
 #include "cpu_pool.h"
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -397,15 +398,8 @@ static int matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, i
 /* Threads (the caller included) that the kernels use; returns the number set. */
 int kvq_set_threads(int n) { return kv_set_threads(n); }
 
-/* The same call with the weight's description made once (fewer arguments to convert per call
- * from Python, where a call costs microseconds). */
-typedef struct {
-    int type, nseg;
-    const uint8_t *const *ws;
-    const int64_t *seg_rows;
-    int64_t row_bytes, k, n_out;
-} kvq_weight;
-
+/* The same call with the weight's description (cpu_kernels.h) made once: fewer arguments to
+ * convert per call from Python, where a call costs microseconds. */
 int kvq_matmul_w(const kvq_weight *w, const float *x, int64_t ldx, int64_t n, float *y) {
     return matmul(w->type, w->ws, w->seg_rows, w->nseg, w->row_bytes, w->k, x, ldx, n, y, w->n_out, NULL, 0.0f);
 }

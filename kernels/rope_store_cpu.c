@@ -23,6 +23,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_kernels.h"
+
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif

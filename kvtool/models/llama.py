@@ -9,13 +9,24 @@ import torch
 
 from kvtool.batch import UBatch
 from kvtool.gguf_file import GGUFFile
+from kvtool.kernels.decoder_cpu import DecoderWeights, LayerCache, LayerWeights
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache import KVLayerSpec
+from kvtool.memory.kv_cache_context import KVView
 from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import HParams
 from kvtool.models.layers import rms_norm, rope_attend, swiglu_normed
-from kvtool.models.linear import Embedding, Linear, LinearGroup, linear_normed, load_linear, output_linear
-from kvtool.models.rope import RopeParams, apply_rope
+from kvtool.models.linear import (
+    QUANT_MAX_ROWS,
+    Embedding,
+    Linear,
+    LinearGroup,
+    QuantLinear,
+    linear_normed,
+    load_linear,
+    output_linear,
+)
+from kvtool.models.rope import RopeParams, Rotation, apply_rope
 
 
 @dataclass
@@ -63,6 +74,7 @@ class LlamaModel:
             neox=False,
             freq_factors=_opt(f, "rope_freqs.weight"),
         )
+        self.decoder = _decoder_weights(self.layers, hp, self.rope)
 
     def memory_spec(self) -> KVSpec:
         hp = self.hp
@@ -79,7 +91,8 @@ class LlamaModel:
         x = self.tok_embd(torch.from_numpy(ub.token))  # [n, n_embd]
         rot = self.rope.rotation(torch.from_numpy(ub.pos).to(x.device))
         scale = 1.0 / math.sqrt(hp.head_dim_k)
-        for il, L in enumerate(self.layers):
+        for il in range(self._compiled_layers(ub, mctx, x, rot), hp.n_layer):
+            L = self.layers[il]
             q, k, v = L.wqkv.normed(x, L.attn_norm, hp.eps, rms_norm)  # rows [n, heads * head_dim]
             a = rope_attend(mctx.layer_view(il), q, k, v, hp.head_dim_k, rot, self.rope, scale)
             x += L.wo(a)  # x is this forward's own tensor
@@ -87,3 +100,51 @@ class LlamaModel:
                 x = x[torch.from_numpy(ub.output).to(x.device)]  # only output rows need the rest
             x += swiglu_normed(x, L.ffn_norm, hp.eps, L.ffn_gate_up, L.ffn_down)
         return linear_normed(self.output, x, self.output_norm, hp.eps, rms_norm)
+
+    def _compiled_layers(self, ub: UBatch, mctx: MemoryContext, x: torch.Tensor, rot: Rotation) -> int:
+        """Runs the first layers of a small ubatch in one compiled call where it applies (every
+        layer, or all but the last when only some rows are outputs: that one computes fewer
+        rows); returns how many it ran, 0 where it does not apply."""
+        n_layer = self.hp.n_layer
+        if self.decoder is None or ub.n_tokens > QUANT_MAX_ROWS or rot.cs is None:
+            return 0
+        n = n_layer if ub.output.all() else n_layer - 1
+        views = [mctx.layer_view(il) for il in range(n)]
+        v0 = views[0] if views else None
+        if not isinstance(v0, KVView) or v0.mask is None:
+            return 0
+        if any(v.rows is not v0.rows or v.mask is not v0.mask or v.streams != v0.streams for v in views):
+            return 0
+        caches = [LayerCache(v.k, v.v) for v in views]
+        return n if self.decoder.run(x, 0, caches, v0.rows, v0.streams.start, rot.cs, v0.mask.mask) else 0
+
+
+def _decoder_weights(layers: list[LlamaLayer], hp: HParams, rope: RopeParams) -> DecoderWeights | None:
+    """The layers' description for the compiled decoder call, or None where a layer's weights
+    are not all in the compiled quantized kernel without biases."""
+
+    def native(lin: Linear | None) -> bool:
+        return isinstance(lin, QuantLinear) and lin.native is not None and lin.bias is None
+
+    parts = []
+    for L in layers:
+        qkv, gu = L.wqkv.fused, L.ffn_gate_up.fused
+        if not (native(qkv) and native(gu) and native(L.wo) and native(L.ffn_down)):
+            return None
+        if len(L.ffn_gate_up.sizes) != 2 or L.ffn_gate_up.sizes[0] != L.ffn_gate_up.sizes[1]:
+            return None
+        assert qkv is not None and gu is not None and qkv.native and gu.native
+        wo, down = L.wo, L.ffn_down
+        assert isinstance(wo, QuantLinear) and isinstance(down, QuantLinear) and wo.native and down.native
+        parts.append(LayerWeights(qkv.native, wo.native, gu.native, down.native, L.attn_norm, L.ffn_norm))
+    return DecoderWeights(
+        parts,
+        n_head=[hp.n_head] * hp.n_layer,
+        n_head_kv=hp.n_head_kv,
+        head_dim_k=hp.head_dim_k,
+        head_dim_v=hp.head_dim_v,
+        n_rot=rope.n_rot,
+        neox=rope.neox,
+        eps=hp.eps,
+        scale=1.0 / math.sqrt(hp.head_dim_k),
+    )

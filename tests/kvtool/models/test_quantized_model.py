@@ -69,3 +69,57 @@ def test_quantized_model_against_the_f32_mode(model_path: Path) -> None:
     assert (few.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
     many = logits(auto, tokens, QUANT_MAX_ROWS + 1)  # two dense float32 ubatches: f32 mode's numbers
     torch.testing.assert_close(many, want, rtol=1e-5, atol=1e-5)
+
+
+def _decode_script(model: Model, kv_unified: bool, cache_type: str) -> list[torch.Tensor]:
+    """Prompts of 3 sequences (one longer than a compiled ubatch takes), then steps decoding a
+    token of every sequence in one batch, then two tokens of one; every batch's logits."""
+    p = ContextParams(n_ctx=256, n_seq_max=4, kv_unified=kv_unified, type_k=cache_type, type_v=cache_type)
+    ctx = Context(model, p)
+    out = []
+
+    def decode(rows: list[tuple[int, int, int, bool]]) -> None:
+        b = Batch()
+        for tok, pos, seq, want in rows:
+            b.add(tok, pos, (seq,), want)
+        ctx.decode(b)
+        out.append(ctx.logits().clone())
+
+    lens = [20, 5, 3]
+    for s, n in enumerate(lens):
+        decode([(7 + (s * 5 + i) % 200, i, s, i >= n - 2) for i in range(n)])
+    for step in range(4):
+        decode([(30 + step * 3 + s, lens[s] + step, s, True) for s in range(3)])
+    decode([(9, lens[1] + 4, 1, False), (10, lens[1] + 5, 1, True)])
+    return out
+
+
+@pytest.mark.parametrize("kv_unified", [False, True])
+@pytest.mark.parametrize("cache_type", ["f32", "f16", "bf16"])
+def test_compiled_decoder_layers_give_the_op_by_op_bits(
+    model_path: Path, kv_unified: bool, cache_type: str
+) -> None:
+    """kernels/decoder_cpu.c chains the kernels the op-by-op forward calls, in its order: the
+    logits are the same bits, for every cache type, split and unified, and ubatches with only
+    some rows as outputs (the last layer then runs op by op)."""
+    model = Model(model_path)
+    dec = model.impl.decoder
+    assert dec is not None
+    ran: list[tuple[int, int]] = []
+    run = dec.run
+
+    def counted(x: torch.Tensor, il0: int, caches: list[Any], *args: Any) -> bool:
+        done = run(x, il0, caches, *args)
+        ran.append((x.shape[0], len(caches) if done else 0))
+        return done
+
+    dec.run = counted  # type: ignore[method-assign]
+    compiled = _decode_script(model, kv_unified, cache_type)
+    model.impl.decoder = None
+    op_by_op = _decode_script(model, kv_unified, cache_type)
+    n_layer = model.hparams.n_layer
+    # the 20-row prompt is more rows of a stream than the kernel takes; the others ran compiled,
+    # all layers where every row is an output, all but the last where some are not
+    assert ran == [(20, 0), (5, n_layer - 1), (3, n_layer - 1)] + [(3, n_layer)] * 4 + [(2, n_layer - 1)]
+    for a, b in zip(compiled, op_by_op, strict=True):
+        assert torch.equal(a, b)

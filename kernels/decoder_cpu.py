@@ -1,0 +1,172 @@
+"""Llama decoder layers for a small ubatch in one compiled call (decoder_cpu.c via cpu_lib).
+
+Per layer: RMS norm and the stacked Q/K/V matmul, RoPE and the K/V store into the cache,
+attention per stream, output projection plus residual, normed SwiGLU plus residual. These are
+the kernels qmatmul.py, rope_store_cpu.py and attention_cpu.py call one at a time, chained in C
+in the same order, so the bits are the same as calling them one by one from Python (the
+specification: kvtool/models/llama.py's op-by-op forward). At one token the Python calls
+between kernels cost milliseconds a token; this is one call for all layers.
+
+`DecoderWeights` describes the layers' weights once (at load); `run` takes the per-layer caches
+and the ubatch's shared rows, rotation table and mask.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvtool.kernels import attention_cpu, cpu_lib
+from kvtool.kernels.qmatmul import QWeight
+
+_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+
+
+class _Layer(ctypes.Structure):  # decoder_cpu.c's kvl_layer
+    _fields_ = [
+        ("wqkv", _ptr), ("wo", _ptr), ("gate_up", _ptr), ("down", _ptr),
+        ("attn_norm", _ptr), ("ffn_norm", _ptr),
+        ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+        ("n_head", _i64), ("n_head_kv", _i64), ("hd_k", _i64), ("hd_v", _i64), ("n_rot", _i64),
+        ("neox", ctypes.c_int),
+    ]  # fmt: skip
+
+
+class _Cache(ctypes.Structure):  # kvl_cache
+    _fields_ = [
+        ("k", _ptr), ("v", _ptr),
+        ("sk_s", _i64), ("sk_c", _i64), ("sk_h", _i64), ("sv_s", _i64), ("sv_c", _i64), ("sv_h", _i64),
+        ("n_cells", _i64), ("type", ctypes.c_int),
+    ]  # fmt: skip
+
+
+class _UBatch(ctypes.Structure):  # kvl_ubatch
+    _fields_ = [
+        ("n", _i64), ("n_stream", _i64), ("stream0", _i64), ("n_kv", _i64),
+        ("rows", _ptr), ("cs", _ptr), ("ldcs", _i64), ("mask", _ptr), ("sm_s", _i64), ("sm_i", _i64),
+    ]  # fmt: skip
+
+
+@dataclass
+class LayerWeights:
+    """One llama layer as the compiled call takes it: quantized weights without biases (wqkv
+    stacks Q, K and V; gate_up the gate then the up weight) and float32 norm weights."""
+
+    wqkv: QWeight
+    wo: QWeight
+    gate_up: QWeight
+    down: QWeight
+    attn_norm: torch.Tensor
+    ffn_norm: torch.Tensor
+
+
+@dataclass
+class LayerCache:
+    """One layer's K and V caches [n_stream, n_cells, n_head_kv, head_dim] (f32, f16 or bf16)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+class DecoderWeights:
+    """The layers' descriptions, made once; the tensors they point into are kept alive here."""
+
+    def __init__(
+        self,
+        layers: Sequence[LayerWeights],
+        *,
+        n_head: Sequence[int],
+        n_head_kv: Sequence[int],
+        head_dim_k: int,
+        head_dim_v: int,
+        n_rot: int,
+        neox: bool,
+        eps: float,
+        scale: float,
+    ) -> None:
+        self._norms = []
+        arr = (_Layer * len(layers))()
+        for il, L in enumerate(layers):
+            an, fn = (w.float().contiguous() for w in (L.attn_norm, L.ffn_norm))
+            self._norms += [an, fn]
+            descs = (L.wqkv._desc_ptr, L.wo._desc_ptr, L.gate_up._desc_ptr, L.down._desc_ptr)
+            arr[il] = _Layer(
+                *descs, an.data_ptr(), fn.data_ptr(), eps, scale,
+                n_head[il], n_head_kv[il], head_dim_k, head_dim_v, n_rot, int(neox),
+            )  # fmt: skip
+        self._layers = layers  # the QWeights own the descriptions the structs point to
+        self._arr = arr
+        self._base = ctypes.addressof(arr)
+        self.n_layer = len(layers)
+        self._caches: dict[tuple[int, ...], ctypes.Array[_Cache]] = {}
+
+    def _cache_structs(self, caches: Sequence[LayerCache]) -> ctypes.Array[_Cache] | None:
+        key = tuple(p for c in caches for p in (c.k.data_ptr(), c.v.data_ptr()))
+        arr = self._caches.get(key)
+        if arr is not None:
+            return arr
+        arr = (_Cache * len(caches))()
+        for i, c in enumerate(caches):
+            k, v = c.k, c.v
+            ok = (
+                k.dim() == 4 and v.dim() == 4 and k.dtype in _TYPES and v.dtype == k.dtype
+                and k.device.type == "cpu" and v.device.type == "cpu"
+                and k.stride(3) == 1 and v.stride(3) == 1
+                and k.stride(0) == k.shape[1] * k.stride(1) and v.stride(0) == v.shape[1] * v.stride(1)
+                and k.shape[:2] == v.shape[:2]
+            )  # fmt: skip
+            if not ok:
+                return None
+            arr[i] = _Cache(
+                k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), k.stride(2),
+                v.stride(0), v.stride(1), v.stride(2), k.shape[1], _TYPES[k.dtype],
+            )  # fmt: skip
+        if len(self._caches) > 8:  # caches come and go (contexts); keep the recent ones
+            self._caches.clear()
+        self._caches[key] = arr
+        return arr
+
+    def run(
+        self,
+        x: torch.Tensor,
+        il0: int,
+        caches: Sequence[LayerCache],
+        rows: torch.Tensor,
+        stream0: int,
+        cs: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> bool:
+        """x [n, n_embd] float32 through layers il0 .. il0 + len(caches) - 1 in place: rows [n]
+        int64 the cache rows (stream * n_cells + cell) of the ubatch's K/V, cs [n, n_rot / 2, 2]
+        the rotation's (cos, sin), mask [n_stream, n / n_stream, n_kv] additive float32 over the
+        streams from `stream0`. False (x untouched) where the call does not take these."""
+        lib = cpu_lib.lib()
+        n = x.shape[0]
+        S, per, n_kv = mask.shape
+        if lib is None or per > attention_cpu.MAX_ROWS or S * per != n:
+            return False
+        if not 0 <= il0 <= self.n_layer - len(caches):
+            return False
+        if x.dtype != torch.float32 or x.stride(1) != 1 or x.device.type != "cpu":
+            return False
+        if mask.dtype != torch.float32 or not mask.is_contiguous() or mask.device.type != "cpu":
+            return False
+        if rows.dtype != torch.int64 or not rows.is_contiguous() or rows.shape != (n,):
+            return False
+        if cs.dtype != torch.float32 or cs.shape[0] != n or cs.stride(2) != 1 or cs.stride(1) != 2:
+            return False
+        structs = self._cache_structs(caches)
+        if structs is None or any(c.k.shape[1] < n_kv or c.k.shape[0] < stream0 + S for c in caches):
+            return False
+        u = _UBatch(n, S, stream0, n_kv, rows.data_ptr(), cs.data_ptr(), cs.stride(0))
+        u.mask, u.sm_s, u.sm_i = mask.data_ptr(), per * n_kv, n_kv
+        layers, structs_p = self._base + il0 * ctypes.sizeof(_Layer), ctypes.addressof(structs)
+        u_p, x_p = ctypes.addressof(u), x.data_ptr()
+        rc = lib.kvl_llama_layers(layers, structs_p, len(caches), u_p, x_p, x.stride(0))
+        if rc != 0:
+            raise ValueError(f"decoder_cpu: bad call (x {tuple(x.shape)}, mask {tuple(mask.shape)})")
+        return True
