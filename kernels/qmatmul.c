@@ -180,6 +180,7 @@ static inline __m256 dot_u8_i8(__m256i w, __m256i x, __m256i pair_weights) {
 
 /* ---------------------------------------------------------------- one weight row, 4 x rows */
 #define NR 4 /* activation rows per pass over a weight row: its blocks are decoded once per pass */
+#define NG 8 /* rows of a group (AVX2): whole groups of activation rows are laid out for one pass */
 
 #define PREFETCH_ROWS 8 /* weight rows ahead that a pass asks memory for */
 
@@ -193,6 +194,8 @@ typedef struct {
     int64_t n_out, k, n;
     const int8_t *qx; /* [n, k] */
     const float *dx, *sx; /* [n, k / 32] */
+    const int8_t *gqx; /* whole groups of NG rows laid out block by block, or NULL: [n / NG][k / 32][NG][32] */
+    const float *gdx, *gsx; /* [n / NG][k / 32][NG] */
     float *y;
     int64_t ldy;
 } job_t;
@@ -222,9 +225,40 @@ typedef struct {
         for (int r = 0; r < NRV; r++) out[r] = hsum(acc[r]) + off[r];                                     \
     }
 
+/* y[r][o] for a group of NG activation rows laid out block by block (qx [nu][NG][32], dx and sx
+ * [nu][NG]): the NG scales of a block are one vector product, and the offsets one vector sum.
+ * Each row's sums are those of ROWS_NR, in the same order, so the bits are the same. */
+#define ROWS_GROUP(NAME, SIGNED, ...)                                                                    \
+    static void NAME(const uint8_t *w, int64_t nu, const int8_t *qx, const float *dx, const float *sx,   \
+                     float *out) {                                                                       \
+        __m256 acc[NG], off = _mm256_setzero_ps();                                                       \
+        for (int r = 0; r < NG; r++) acc[r] = _mm256_setzero_ps();                                        \
+        const __m256i ones = _mm256_set1_epi16(1);                                                       \
+        float scale[NG] __attribute__((aligned(32)));                                                    \
+        for (int64_t u = 0; u < nu; u++) {                                                               \
+            float a, c;                                                                                  \
+            __m256i wv, pw = ones;                                                                       \
+            __VA_ARGS__                                                                                  \
+            const __m256i wabs = SIGNED ? _mm256_sign_epi8(wv, wv) : wv;                                 \
+            _mm256_store_ps(scale, _mm256_mul_ps(_mm256_set1_ps(a), _mm256_loadu_ps(dx + u * NG)));      \
+            if (!SIGNED)                                                                                 \
+                off = _mm256_add_ps(off, _mm256_mul_ps(_mm256_set1_ps(c), _mm256_loadu_ps(sx + u * NG)));  \
+            const int8_t *xb = qx + u * NG * QK;                                                         \
+            for (int r = 0; r < NG; r++) {                                                               \
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + r * QK));                         \
+                if (SIGNED) xv = _mm256_sign_epi8(xv, wv);                                               \
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(scale[r]), dot_u8_i8(wabs, xv, pw), acc[r]);     \
+            }                                                                                            \
+        }                                                                                                \
+        float offs[NG];                                                                                  \
+        _mm256_storeu_ps(offs, off);                                                                     \
+        for (int r = 0; r < NG; r++) out[r] = hsum(acc[r]) + offs[r];                                     \
+    }
+
 #define ROWS_FN(NAME, SIGNED, ...)                                                                       \
     ROWS_NR(NAME##_1, 1, SIGNED, __VA_ARGS__)                                                            \
-    ROWS_NR(NAME##_4, NR, SIGNED, __VA_ARGS__)
+    ROWS_NR(NAME##_4, NR, SIGNED, __VA_ARGS__)                                                           \
+    ROWS_GROUP(NAME##_g, SIGNED, __VA_ARGS__)
 
 ROWS_FN(rows_q4_0, 1, {
     const uint8_t *b = w + u * 18;
@@ -311,12 +345,57 @@ static rows_fn rows_for(int type, int one) {
     }
 }
 
+#ifdef KV_AVX2
+typedef void (*group_fn)(const uint8_t *, int64_t, const int8_t *, const float *, const float *, float *);
+
+static group_fn group_for(int type) {
+    switch (type) {
+    case T_Q4_0: return rows_q4_0_g;
+    case T_Q4_1: return rows_q4_1_g;
+    case T_Q5_0: return rows_q5_0_g;
+    case T_Q8_0: return rows_q8_0_g;
+    case T_Q6_K: return rows_q6_k_g;
+    default: return rows_q4_k_g;
+    }
+}
+
+/* The whole groups of activation rows over weight rows [o0, o1); returns the rows they cover. */
+static int64_t matmul_groups(const job_t *J, int64_t o0, int64_t o1) {
+    if (!J->gqx) return 0;
+    const group_fn fn = group_for(J->f.type);
+    const int64_t nu = J->k / QK, ng = J->n / NG;
+    for (int64_t g = 0; g < ng; g++) {
+        const int8_t *qx = J->gqx + g * nu * NG * QK;
+        const float *dx = J->gdx + g * nu * NG, *sx = J->gsx + g * nu * NG;
+        int seg = 0;
+        for (int64_t o = o0; o < o1; o++) {
+            while (o >= J->seg_end[seg]) seg++;
+            const int64_t row = o - (seg ? J->seg_end[seg - 1] : 0);
+            float out[NG];
+            if (g == 0 && o + PREFETCH_ROWS < J->seg_end[seg]) {
+                const uint8_t *ahead = J->w[seg] + (row + PREFETCH_ROWS) * J->f.row_bytes;
+                for (int64_t b = 0; b < J->f.row_bytes; b += 64) __builtin_prefetch(ahead + b);
+            }
+            fn(J->w[seg] + row * J->f.row_bytes, nu, qx, dx, sx, out);
+            for (int r = 0; r < NG; r++) J->y[(g * NG + r) * J->ldy + o] = out[r];
+        }
+    }
+    return ng * NG;
+}
+#else
+static int64_t matmul_groups(const job_t *J, int64_t o0, int64_t o1) {
+    (void)J, (void)o0, (void)o1;
+    return 0;
+}
+#endif
+
 /* Weight rows [o0, o1) of a matmul: a task of the pool. */
 static void matmul_rows(void *ctx, int64_t o0, int64_t o1) {
     const job_t *J = ctx;
     const rows_fn fn4 = rows_for(J->f.type, 0), fn1 = rows_for(J->f.type, 1);
     const int64_t nu = J->k / QK;
-    for (int64_t i0 = 0; i0 < J->n; i0 += NR) {
+    const int64_t grouped = matmul_groups(J, o0, o1);
+    for (int64_t i0 = grouped; i0 < J->n; i0 += NR) {
         const int nr = J->n - i0 < NR ? (int)(J->n - i0) : NR;
         const int8_t *qx[NR];
         const float *dx[NR], *sx[NR];
@@ -329,7 +408,7 @@ static void matmul_rows(void *ctx, int64_t o0, int64_t o1) {
             while (o >= J->seg_end[seg]) seg++;
             const int64_t row = o - (seg ? J->seg_end[seg - 1] : 0);
             float out[NR];
-            if (i0 == 0 && o + PREFETCH_ROWS < J->seg_end[seg]) {
+            if (i0 == grouped && grouped == 0 && o + PREFETCH_ROWS < J->seg_end[seg]) {
                 /* weights come from memory once per token: ask for a row a few rows ahead */
                 const uint8_t *ahead = J->w[seg] + (row + PREFETCH_ROWS) * J->f.row_bytes;
                 for (int64_t b = 0; b < J->f.row_bytes; b += 64) __builtin_prefetch(ahead + b);
@@ -389,8 +468,32 @@ static int matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, i
     free(normed);
 
     J.qx = qx, J.dx = dx, J.sx = sx;
+    int8_t *gqx = NULL;
+    float *gdx = NULL;
+#ifdef KV_AVX2
+    const int64_t ng = n / NG;
+    if (ng > 0) { /* whole groups of rows, laid out block by block for the group kernel */
+        gqx = malloc((size_t)(ng * NG * k));
+        gdx = malloc(sizeof(float) * (size_t)(2 * ng * NG * nu));
+        if (!gqx || !gdx) {
+            free(gqx), free(gdx);
+            gqx = NULL, gdx = NULL; /* the row kernels compute them instead */
+        } else {
+            float *gsx = gdx + ng * NG * nu;
+            for (int64_t i = 0; i < ng * NG; i++) {
+                const int64_t g = i / NG, r = i % NG;
+                for (int64_t u = 0; u < nu; u++) {
+                    const int64_t at = (g * nu + u) * NG + r;
+                    memcpy(gqx + at * QK, qx + i * k + u * QK, QK);
+                    gdx[at] = dx[i * nu + u], gsx[at] = sx[i * nu + u];
+                }
+            }
+            J.gqx = gqx, J.gdx = gdx, J.gsx = gsx;
+        }
+    }
+#endif
     kv_parallel(matmul_rows, &J, n_out, 4);
-    free(qx), free(dx), free(sx);
+    free(qx), free(dx), free(sx), free(gqx), free(gdx);
     return 0;
 }
 

@@ -33,7 +33,7 @@ def weight(qtype: int, n_out: int, k: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K])
-@pytest.mark.parametrize("n", [1, 2, 4, 5, 9])
+@pytest.mark.parametrize("n", [1, 2, 4, 5, 9, 19])
 @pytest.mark.parametrize("threads", [1, 3])
 def test_matches_the_specification(lib: ctypes.CDLL, qtype: int, n: int, threads: int) -> None:
     k = 512
@@ -48,6 +48,20 @@ def test_matches_the_specification(lib: ctypes.CDLL, qtype: int, n: int, threads
         lib.kvq_set_threads(torch.get_num_threads())
     want = torch.cat([qmatmul.qmatmul_ref(x, r, qtype, s) for r, s in zip(raws, shapes, strict=True)], 1)
     torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K])
+def test_a_row_gives_the_same_bits_alone_or_among_others(lib: ctypes.CDLL, qtype: int) -> None:
+    """Rows go through a one-row, a four-row or (AVX2) an eight-row group kernel depending on
+    how many share a call; each sums in the same order, so a sequence's logits do not depend on
+    which other sequences are batched with it."""
+    k = 512
+    w = qmatmul.QWeight([weight(qtype, 48, k, 3)], qtype, [(48, k)])
+    x = torch.randn(19, k) * torch.logspace(-2, 1, k)  # two groups of 8, then 3 rows
+    together = w(x, lib)
+    for i in range(x.shape[0]):
+        assert torch.equal(w(x[i : i + 1], lib)[0], together[i]), i
+    assert torch.equal(w(x[3:15], lib), together[3:15])  # a group, then 4 rows, at other offsets
 
 
 def test_strided_rows_and_the_portable_build_agree(lib: ctypes.CDLL) -> None:
