@@ -426,6 +426,53 @@ int kvq_supported(int type) {
 }
 
 
+/* Quantizing the activation rows (RMS-normed first where norm_w is given): a task of the pool. */
+typedef struct {
+    const float *x;
+    int64_t ldx, k;
+    const float *norm_w;
+    float eps;
+    int8_t *qx;
+    float *dx, *sx;
+    int8_t *gqx; /* NULL, or whole groups of NG rows also laid out block by block */
+    float *gdx, *gsx;
+    int64_t n_grouped;
+    int failed;
+} quant_t;
+
+static void quantize_rows(void *ctx, int64_t i0, int64_t i1) {
+    quant_t *Q = ctx;
+    const int64_t k = Q->k, nu = k / QK;
+    float *normed = Q->norm_w ? malloc(sizeof(float) * (size_t)k) : NULL;
+    if (Q->norm_w && !normed) {
+        Q->failed = 1; /* only ever set: a benign race */
+        return;
+    }
+    for (int64_t i = i0; i < i1; i++) {
+        const float *xi = Q->x + i * Q->ldx;
+        if (normed) { /* RMS norm as ggml computes it: the sum of squares in double, then x * scale * w */
+            double ss = 0.0;
+            for (int64_t j = 0; j < k; j++) ss += (double)xi[j] * xi[j];
+            const float mean = (float)(ss / (double)k);
+            const float scale = 1.0f / sqrtf(mean + Q->eps);
+            for (int64_t j = 0; j < k; j++) normed[j] = (xi[j] * scale) * Q->norm_w[j];
+            xi = normed;
+        }
+        quantize_row(xi, k, Q->qx + i * k, Q->dx + i * nu, Q->sx + i * nu);
+#ifdef KV_AVX2
+        if (Q->gqx && Q->gsx && i < Q->n_grouped) {
+            const int64_t g = i / NG, r = i % NG;
+            for (int64_t u = 0; u < nu; u++) {
+                const int64_t at = (g * nu + u) * NG + r;
+                memcpy(Q->gqx + at * QK, Q->qx + i * k + u * QK, QK);
+                Q->gdx[at] = Q->dx[i * nu + u], Q->gsx[at] = Q->sx[i * nu + u];
+            }
+        }
+#endif
+    }
+    free(normed);
+}
+
 /* y = x @ W.T for x [n, k] float32 (rows ldx apart) and W the `nseg` weights ws[s] of
  * seg_rows[s] rows each (GGUF blocks, `row_bytes` a row), stacked along n_out; y [n, n_out]
  * float32 (rows ldy apart). k must be a multiple of 32 (of 256 for Q4_K and Q6_K). Returns 0,
@@ -448,50 +495,33 @@ static int matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, i
     const int64_t nu = k / QK;
     int8_t *qx = malloc((size_t)(n * k));
     float *dx = malloc(sizeof(float) * (size_t)(n * nu)), *sx = malloc(sizeof(float) * (size_t)(n * nu));
-    float *normed = norm_w ? malloc(sizeof(float) * (size_t)k) : NULL;
-    if (!qx || !dx || !sx || (norm_w && !normed)) {
-        free(qx), free(dx), free(sx), free(normed);
+    if (!qx || !dx || !sx) {
+        free(qx), free(dx), free(sx);
         return -1;
     }
-    for (int64_t i = 0; i < n; i++) {
-        const float *xi = x + i * ldx;
-        if (norm_w) { /* RMS norm as ggml computes it: the sum of squares in double, then x * scale * w */
-            double ss = 0.0;
-            for (int64_t j = 0; j < k; j++) ss += (double)xi[j] * xi[j];
-            const float mean = (float)(ss / (double)k);
-            const float scale = 1.0f / sqrtf(mean + eps);
-            for (int64_t j = 0; j < k; j++) normed[j] = (xi[j] * scale) * norm_w[j];
-            xi = normed;
-        }
-        quantize_row(xi, k, qx + i * k, dx + i * nu, sx + i * nu);
-    }
-    free(normed);
-
-    J.qx = qx, J.dx = dx, J.sx = sx;
     int8_t *gqx = NULL;
     float *gdx = NULL;
 #ifdef KV_AVX2
     const int64_t ng = n / NG;
-    if (ng > 0) { /* whole groups of rows, laid out block by block for the group kernel */
+    if (ng > 0) { /* whole groups of rows, also laid out block by block for the group kernel */
         gqx = malloc((size_t)(ng * NG * k));
         gdx = malloc(sizeof(float) * (size_t)(2 * ng * NG * nu));
         if (!gqx || !gdx) {
             free(gqx), free(gdx);
             gqx = NULL, gdx = NULL; /* the row kernels compute them instead */
-        } else {
-            float *gsx = gdx + ng * NG * nu;
-            for (int64_t i = 0; i < ng * NG; i++) {
-                const int64_t g = i / NG, r = i % NG;
-                for (int64_t u = 0; u < nu; u++) {
-                    const int64_t at = (g * nu + u) * NG + r;
-                    memcpy(gqx + at * QK, qx + i * k + u * QK, QK);
-                    gdx[at] = dx[i * nu + u], gsx[at] = sx[i * nu + u];
-                }
-            }
-            J.gqx = gqx, J.gdx = gdx, J.gsx = gsx;
         }
     }
 #endif
+    const int64_t n_grouped = gqx ? n / NG * NG : 0;
+    quant_t Q = {.x = x, .ldx = ldx, .k = k, .norm_w = norm_w, .eps = eps, .qx = qx, .dx = dx, .sx = sx,
+                 .gqx = gqx, .gdx = gdx, .gsx = gdx ? gdx + n_grouped * nu : NULL, .n_grouped = n_grouped};
+    kv_parallel(quantize_rows, &Q, n, 1);
+    if (Q.failed) {
+        free(qx), free(dx), free(sx), free(gqx), free(gdx);
+        return -1;
+    }
+    J.qx = qx, J.dx = dx, J.sx = sx;
+    J.gqx = gqx, J.gdx = gdx, J.gsx = Q.gsx;
     kv_parallel(matmul_rows, &J, n_out, 4);
     free(qx), free(dx), free(sx), free(gqx), free(gdx);
     return 0;
@@ -514,6 +544,24 @@ int kvq_matmul_norm(const kvq_weight *w, const float *x, int64_t ldx, int64_t n,
     return matmul(w->type, w->ws, w->seg_rows, w->nseg, w->row_bytes, w->k, x, ldx, n, y, w->n_out, norm_w, eps);
 }
 
+/* silu(gate) * up over rows of [gate | up] (n_ff each), the hidden row overwriting the gate half:
+ * items are the hidden elements, row by row. A task of the pool. */
+typedef struct {
+    float *g;
+    int64_t n_ff;
+} swiglu_t;
+
+static void swiglu_items(void *ctx, int64_t e0, int64_t e1) {
+    const swiglu_t *S = ctx;
+    for (int64_t e = e0; e < e1;) {
+        const int64_t i = e / S->n_ff, j0 = e % S->n_ff;
+        const int64_t j1 = S->n_ff < j0 + (e1 - e) ? S->n_ff : j0 + (e1 - e);
+        float *gi = S->g + i * 2 * S->n_ff;
+        for (int64_t j = j0; j < j1; j++) gi[j] = gi[j] / (1.0f + expf(-gi[j])) * gi[S->n_ff + j];
+        e += j1 - j0;
+    }
+}
+
 /* A SwiGLU feed-forward in one call: y = down(silu(gate(x)) * up(x)), `gate_up` holding the gate
  * rows then the up rows (n_out 2 * n_ff), `down` taking n_ff columns; x is RMS-normed with
  * norm_w first unless norm_w is NULL. The hidden rows are quantized like any activation. */
@@ -525,10 +573,8 @@ int kvq_ffn_swiglu(const kvq_weight *gate_up, const kvq_weight *down, const floa
     if (!g) return -1;
     int rc = kvq_matmul_norm(gate_up, x, ldx, n, g, norm_w, eps);
     if (rc == 0) {
-        for (int64_t i = 0; i < n; i++) {
-            float *gi = g + i * gate_up->n_out; /* the hidden row overwrites the gate half */
-            for (int64_t j = 0; j < n_ff; j++) gi[j] = gi[j] / (1.0f + expf(-gi[j])) * gi[n_ff + j];
-        }
+        swiglu_t S = {g, n_ff};
+        kv_parallel(swiglu_items, &S, n * n_ff, 1024);
         rc = kvq_matmul_w(down, g, gate_up->n_out, n, y);
     }
     free(g);
