@@ -39,6 +39,35 @@ static inline float load_half(const uint8_t *p) {
 static void quantize_row(const float *x, int64_t k, int8_t *q, float *d, float *s) {
     for (int64_t b = 0; b < k / QK; b++) {
         const float *xb = x + b * QK;
+#ifdef KV_AVX2
+        /* the same numbers: the maximum is exact in any order, x * id rounds alike, and the
+         * rounding to an integer is nearbyintf's (to nearest even) */
+        __m256 v[4], m = _mm256_setzero_ps();
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        for (int r = 0; r < 4; r++) {
+            v[r] = _mm256_loadu_ps(xb + 8 * r);
+            m = _mm256_max_ps(_mm256_andnot_ps(sign, v[r]), m); /* a NaN leaves m, as fmaxf does */
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float db8 = _mm_cvtss_f32(m4) / 127.0f;
+        const __m256 idv = _mm256_set1_ps(db8 != 0.0f ? 1.0f / db8 : 0.0f);
+        __m256i iv[4];
+        for (int r = 0; r < 4; r++)
+            iv[r] = _mm256_cvtps_epi32(
+                _mm256_round_ps(_mm256_mul_ps(v[r], idv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __m256i total = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
+        __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+        t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
+        t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xB1));
+        const __m256i p16 =
+            _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        _mm256_storeu_si256((__m256i *)(q + b * QK), _mm256_permutevar8x32_epi32(p16, order));
+        d[b] = db8;
+        s[b] = db8 * (float)_mm_cvtsi128_si32(t4);
+#else
         float amax = 0.0f;
         for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
         const float db = amax / 127.0f;
@@ -51,6 +80,7 @@ static void quantize_row(const float *x, int64_t k, int8_t *q, float *d, float *
         }
         d[b] = db;
         s[b] = db * (float)sum;
+#endif
     }
 }
 
