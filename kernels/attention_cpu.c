@@ -168,6 +168,14 @@ static inline __attribute__((always_inline)) void weighted_sum(float *o, const f
     }
 }
 
+/* K and V rows a head reads ahead of the one it computes with: each (stream, layer) is read
+ * once per step, from memory, a few hundred bytes a row at the cache's row stride. */
+#define KV_AHEAD 8
+
+static inline void prefetch_row(const uint8_t *p, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
+}
+
 /* Query heads [i0, i1) of the flattened (stream, head) items. */
 static inline __attribute__((always_inline)) void items_of_type(const attn_t *A, int64_t i0, int64_t i1,
                                                                  const int type) {
@@ -186,6 +194,10 @@ static inline __attribute__((always_inline)) void items_of_type(const attn_t *A,
             memset(o, 0, sizeof(float) * (size_t)A->Dv);
             float mx = -INFINITY;
             for (int64_t c = 0; c < A->n_kv; c++) {
+                if (c + KV_AHEAD < A->n_kv) { /* V too: the weighted sum reads it next */
+                    prefetch_row(kb + (c + KV_AHEAD) * A->sk_c * es, A->D * es);
+                    prefetch_row(vb + (c + KV_AHEAD) * A->sv_c * es, A->Dv * es);
+                }
                 if (m[c] == -INFINITY) {
                     sc[c] = -INFINITY;
                     continue;
