@@ -11,6 +11,9 @@ Measures: tg128 and pp512 (`bench`), S_TG of `batched-bench` at PP 128 / TG 128 
 the model and generates one token (llama-simple, when the build has it). llama.cpp is never
 imported: it is only run as a program, and is not a dependency of kvtool.
 
+Both tools get the same K/V cache type (`--cache-type`, default f16, llama.cpp's default; kvtool's
+own default is f32), so their attention reads the same number of bytes.
+
 On parallel: llama-parallel's system transcript (about 300 tokens) is compiled into it; kvtool's
 is shorter, so kvtool gets enough filler turns (`--junk`) that its mean prompt length per request
 reaches llama-parallel's, which the table shows beside the speeds.
@@ -113,22 +116,28 @@ def main() -> None:
     ap.add_argument("-r", "--rounds", type=int, default=2, help="alternating rounds per measure")
     ap.add_argument("--npl", default="16,32", help="batched-bench B values")
     ap.add_argument("--skip-parallel", action="store_true")
+    ap.add_argument(
+        "--cache-type", default="f16", help="K and V cache type of both tools (llama.cpp's default: f16)"
+    )
     a = ap.parse_args()
 
     gguf = run([*KVTOOL, "models", "path", a.model]).strip() if not a.model.endswith(".gguf") else a.model
     lb, lbb, lp = (find_tool(a.build, n) for n in ("llama-bench", "llama-batched-bench", "llama-parallel"))
     t = str(a.threads)
+    kv = ["-ctk", a.cache_type, "-ctv", a.cache_type]  # both tools store the same K/V bytes
     rows: list[Row] = []
 
     tg, pp = Row("tg128 t/s (bench)"), Row("pp512 t/s (bench)")
 
     def kv_bench() -> None:
-        out = run([*KVTOOL, "bench", "-m", gguf, "-p", "512", "-n", "128", "-t", t, "-r", "3", "-o", "json"])
+        out = run(
+            [*KVTOOL, "bench", "-m", gguf, "-p", "512", "-n", "128", "-t", t, "-r", "3", *kv, "-o", "json"]
+        )
         pp.kvtool.append(bench_ts(out, 512, 0))
         tg.kvtool.append(bench_ts(out, 0, 128))
 
     def ll_bench() -> None:
-        out = run([lb, "-m", gguf, "-p", "512", "-n", "128", "-t", t, "-r", "3", "-o", "json"])
+        out = run([lb, "-m", gguf, "-p", "512", "-n", "128", "-t", t, "-r", "3", *kv, "-o", "json"])
         pp.llama.append(bench_ts(out, 512, 0))
         tg.llama.append(bench_ts(out, 0, 128))
 
@@ -139,6 +148,7 @@ def main() -> None:
     bb = {b: Row(f"batched-bench S_TG t/s, PP 128, TG 128, B = {b}") for b in npl}
     n_ctx = str(max(npl) * 256)
     common = ["-c", n_ctx, "-b", "2048", "-ub", "512", "-npp", "128", "-ntg", "128", "-npl", a.npl, "-t", t]
+    common += kv
 
     def kv_bb() -> None:
         for b, s in batched_tg(
@@ -160,7 +170,7 @@ def main() -> None:
 
         def ll_par() -> None:
             p = subprocess.run(
-                [lp, "-m", gguf, "-np", "8", "-ns", "32", "-n", "64", "-t", t, "-c", "8192"],
+                [lp, "-m", gguf, "-np", "8", "-ns", "32", "-n", "64", "-t", t, "-c", "8192", *kv],
                 capture_output=True,
                 text=True,
             )
@@ -184,6 +194,7 @@ def main() -> None:
                 t,
                 "-c",
                 "8192",
+                *kv,
             ]
             out = Path("/tmp/kvtool-vs-llama-parallel.json")
             run([*cmd, "--junk", str(junk), "--no-progress", "--json", str(out)])
