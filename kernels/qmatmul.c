@@ -604,7 +604,7 @@ int kvq_ffn_swiglu(const kvq_weight *gate_up, const kvq_weight *down, const floa
     int rc = kvq_matmul_norm(gate_up, x, ldx, n, g, norm_w, eps);
     if (rc == 0) {
         swiglu_t S = {g, n_ff};
-        kv_parallel(swiglu_items, &S, n * n_ff, 1024);
+        kv_parallel(swiglu_items, &S, n * n_ff, 8192); /* a row or two: not worth waking a thread */
         rc = kvq_matmul_w(down, g, gate_up->n_out, n, y);
     }
     free(g);
