@@ -14,6 +14,7 @@ and the ubatch's shared rows, rotation table and mask.
 from __future__ import annotations
 
 import ctypes
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -102,13 +103,17 @@ class DecoderWeights:
         self._arr = arr
         self._base = ctypes.addressof(arr)
         self.n_layer = len(layers)
-        self._caches: dict[tuple[int, ...], ctypes.Array[_Cache]] = {}
+        self._caches: dict[tuple[int, ...], tuple[list[weakref.ref[torch.Tensor]], ctypes.Array[_Cache]]] = {}
 
     def _cache_structs(self, caches: Sequence[LayerCache]) -> ctypes.Array[_Cache] | None:
-        key = tuple(p for c in caches for p in (c.k.data_ptr(), c.v.data_ptr()))
-        arr = self._caches.get(key)
-        if arr is not None:
-            return arr
+        """The caches' descriptions, made once per set of cache tensors: an entry is keyed by the
+        tensors' identities and holds weak references to them, so a freed cache's address reused
+        by another tensor never finds a stale description (and no cache is kept alive here)."""
+        tensors = [t for c in caches for t in (c.k, c.v)]
+        key = tuple(map(id, tensors))
+        hit = self._caches.get(key)
+        if hit is not None and all(r() is t for r, t in zip(hit[0], tensors, strict=True)):
+            return hit[1]
         arr = (_Cache * len(caches))()
         for i, c in enumerate(caches):
             k, v = c.k, c.v
@@ -125,9 +130,9 @@ class DecoderWeights:
                 k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), k.stride(2),
                 v.stride(0), v.stride(1), v.stride(2), k.shape[1], _TYPES[k.dtype],
             )  # fmt: skip
-        if len(self._caches) > 8:  # caches come and go (contexts); keep the recent ones
+        if len(self._caches) >= 8:  # contexts come and go: keep the recent ones
             self._caches.clear()
-        self._caches[key] = arr
+        self._caches[key] = ([weakref.ref(t) for t in tensors], arr)
         return arr
 
     def run(

@@ -123,3 +123,20 @@ def test_compiled_decoder_layers_give_the_op_by_op_bits(
     assert ran == [(20, 0), (5, n_layer - 1), (3, n_layer - 1)] + [(3, n_layer)] * 4 + [(2, n_layer - 1)]
     for a, b in zip(compiled, op_by_op, strict=True):
         assert torch.equal(a, b)
+
+
+def test_compiled_decoder_layers_across_contexts_of_other_shapes(model_path: Path) -> None:
+    """One model, contexts made and dropped one after another (a new cache may reuse a freed
+    one's address with other strides): each gets descriptions of its own cache."""
+    model = Model(model_path)
+    dec = model.impl.decoder
+    compiled = []
+    for kv_unified, cache_type in [(False, "f32"), (True, "f16"), (False, "bf16"), (False, "f32")]:
+        compiled.append(_decode_script(model, kv_unified, cache_type))
+    model.impl.decoder = None
+    for (kv_unified, cache_type), got in zip(
+        [(False, "f32"), (True, "f16"), (False, "bf16"), (False, "f32")], compiled, strict=True
+    ):
+        want = _decode_script(model, kv_unified, cache_type)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert dec is not None and dec._caches  # the compiled call ran
