@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize
 
 from kvtool import Batch, Context, ContextParams, Model
-from kvtool.kernels import qmatmul
+from kvtool.kernels import cpu_lib, qmatmul
 from kvtool.models.linear import QUANT_MAX_ROWS, QuantLinear
 from kvtool.threads import compute_threads
 from tests.helpers import tiny_gguf
@@ -140,3 +140,23 @@ def test_compiled_decoder_layers_across_contexts_of_other_shapes(model_path: Pat
         want = _decode_script(model, kv_unified, cache_type)
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     assert dec is not None and dec._caches  # the compiled call ran
+
+
+def test_compiled_decoder_layers_in_the_portable_build(
+    model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plain C build (what a machine without AVX2 compiles) chains the same way: with every
+    kernel from it, compiled layers and op by op give the same bits."""
+    cc = cpu_lib._compiler()
+    path = cpu_lib.build(cc, portable=True) if cc else None
+    portable = cpu_lib.load(path) if path is not None else None
+    if portable is None:
+        pytest.skip("no portable build")
+    model = Model(model_path)
+    dec = model.impl.decoder
+    monkeypatch.setattr(cpu_lib, "lib", lambda: portable)
+    compiled = _decode_script(model, False, "f16")
+    model.impl.decoder = None
+    op_by_op = _decode_script(model, False, "f16")
+    assert dec is not None and dec._caches  # the compiled call ran
+    assert all(torch.equal(a, b) for a, b in zip(compiled, op_by_op, strict=True))
