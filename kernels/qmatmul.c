@@ -419,6 +419,147 @@ static int64_t matmul_groups(const job_t *J, int64_t o0, int64_t o1) {
 }
 #endif
 
+/* ---------------------------------------------------------------- panels: many rows (prompts) */
+/* A prompt has many activation rows per weight row. Its weights are unpacked, PANEL rows at a
+ * time, into bytes laid out so that one 32-byte vector holds 4 consecutive elements of each of
+ * the PANEL rows (one int32 lane per weight row): a broadcast of 4 activation bytes multiplies
+ * all of them at once, and the products add up in int16 lanes over a block (8 steps of at most
+ * 2 * 15 * 127 each: 30480, so 4-bit unsigned weights only). Per block, a row's integer sum is
+ * scaled by both blocks' scales and the weight's offset added, in block order: a row's result
+ * does not depend on the other rows of the call. */
+#define PANEL 8
+#define PANEL_TILE 4 /* activation rows per pass over a panel */
+#define PANEL_MIN_ROWS 33 /* fewer rows keep the row and group kernels (models/linear.py's QUANT_MAX_ROWS) */
+
+/* Whether a format has the panel kernel in this build. */
+int kvq_panels(int type) {
+#ifdef KV_AVX2
+    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q4_K;
+#else
+    (void)type;
+    return 0;
+#endif
+}
+
+#ifdef KV_AVX2
+/* Block u of a weight row as 32 unsigned values q and its (d, m): the block is d * q + m. */
+static void unpack_block(int type, const uint8_t *row, int64_t u, uint8_t *q, float *d, float *m) {
+    const uint8_t *qs;
+    int high = -1; /* Q4_K: which nibbles of its 32 bytes; -1: 16 bytes, low nibbles first */
+    if (type == T_Q4_0) {
+        const uint8_t *b = row + u * 18;
+        *d = load_half(b), *m = -8.0f * *d, qs = b + 2;
+    } else if (type == T_Q4_1) {
+        const uint8_t *b = row + u * 20;
+        *d = load_half(b), *m = load_half(b + 2), qs = b + 4;
+    } else {
+        const uint8_t *b = row + (u / 8) * 144;
+        const int j = (int)(u % 8);
+        uint8_t sc, mn;
+        k_scale_min(j, b + 4, &sc, &mn);
+        *d = load_half(b) * (float)sc, *m = -load_half(b + 2) * (float)mn;
+        qs = b + 16 + (j / 2) * 32, high = j % 2;
+    }
+    if (high < 0) {
+        for (int i = 0; i < 16; i++) q[i] = qs[i] & 0xF, q[i + 16] = qs[i] >> 4;
+    } else {
+        for (int i = 0; i < 32; i++) q[i] = high ? qs[i] >> 4 : qs[i] & 0xF;
+    }
+}
+
+static const uint8_t *weight_row(const job_t *J, int64_t o) {
+    int seg = 0;
+    while (o >= J->seg_end[seg]) seg++;
+    return J->w[seg] + (o - (seg ? J->seg_end[seg - 1] : 0)) * J->f.row_bytes;
+}
+
+/* Weight rows [o, o + nw) unpacked: pq [nu][8 steps][PANEL][4], pd and pm [nu][PANEL]; rows past
+ * nw are zeros. */
+static void unpack_panel(const job_t *J, int64_t o, int nw, uint8_t *pq, float *pd, float *pm) {
+    const int64_t nu = J->k / QK;
+    memset(pq, 0, (size_t)(nu * QK * PANEL));
+    memset(pd, 0, sizeof(float) * (size_t)(nu * PANEL));
+    memset(pm, 0, sizeof(float) * (size_t)(nu * PANEL));
+    uint8_t q[QK];
+    for (int l = 0; l < nw; l++) {
+        const uint8_t *row = weight_row(J, o + l);
+        for (int64_t u = 0; u < nu; u++) {
+            unpack_block(J->f.type, row, u, q, pd + u * PANEL + l, pm + u * PANEL + l);
+            for (int s = 0; s < QK / 4; s++) memcpy(pq + ((u * (QK / 4) + s) * PANEL + l) * 4, q + 4 * s, 4);
+        }
+    }
+}
+
+/* y[r][o .. o + nw) for activation rows r < R (R a constant where it is inlined). */
+static inline __attribute__((always_inline)) void panel_tile(const uint8_t *pq, const float *pd, const float *pm,
+                                                             int64_t nu, const job_t *J, int64_t i, const int R,
+                                                             int64_t o, int nw) {
+    __m256 acc[PANEL_TILE];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int8_t *qx = J->qx + i * J->k;
+    const float *dx = J->dx + i * nu, *sx = J->sx + i * nu;
+    for (int64_t u = 0; u < nu; u++) {
+        __m256i a16[PANEL_TILE];
+        for (int r = 0; r < R; r++) a16[r] = _mm256_setzero_si256();
+        const uint8_t *pb = pq + u * QK * PANEL;
+        for (int s = 0; s < QK / 4; s++) {
+            const __m256i w = _mm256_load_si256((const __m256i *)(pb + s * 32));
+            for (int r = 0; r < R; r++) {
+                int32_t v;
+                memcpy(&v, qx + r * J->k + u * QK + 4 * s, 4);
+                a16[r] = _mm256_add_epi16(a16[r], _mm256_maddubs_epi16(w, _mm256_set1_epi32(v)));
+            }
+        }
+        const __m256 d = _mm256_loadu_ps(pd + u * PANEL), m = _mm256_loadu_ps(pm + u * PANEL);
+        for (int r = 0; r < R; r++) {
+            const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(a16[r], ones));
+            acc[r] = _mm256_fmadd_ps(f, _mm256_mul_ps(d, _mm256_set1_ps(dx[r * nu + u])), acc[r]);
+            acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[r * nu + u]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float *y = J->y + (i + r) * J->ldy + o;
+        if (nw == PANEL) {
+            _mm256_storeu_ps(y, acc[r]);
+        } else {
+            float out[PANEL];
+            _mm256_storeu_ps(out, acc[r]);
+            memcpy(y, out, sizeof(float) * (size_t)nw);
+        }
+    }
+}
+
+typedef struct {
+    const job_t *J;
+    int failed;
+} panels_t;
+
+/* Panels [p0, p1) against every activation row: a task of the pool. */
+static void matmul_panels(void *ctx, int64_t p0, int64_t p1) {
+    panels_t *P = ctx;
+    const job_t *J = P->J;
+    const int64_t nu = J->k / QK;
+    uint8_t *pq = aligned_alloc(32, (size_t)(nu * QK * PANEL));
+    float *pd = malloc(sizeof(float) * (size_t)(2 * nu * PANEL));
+    if (!pq || !pd) {
+        free(pq), free(pd);
+        P->failed = 1; /* only ever set: a benign race */
+        return;
+    }
+    float *pm = pd + nu * PANEL;
+    for (int64_t p = p0; p < p1; p++) {
+        const int64_t o = p * PANEL;
+        const int nw = J->n_out - o < PANEL ? (int)(J->n_out - o) : PANEL;
+        unpack_panel(J, o, nw, pq, pd, pm);
+        int64_t i = 0;
+        for (; i + PANEL_TILE <= J->n; i += PANEL_TILE) panel_tile(pq, pd, pm, nu, J, i, PANEL_TILE, o, nw);
+        for (; i < J->n; i++) panel_tile(pq, pd, pm, nu, J, i, 1, o, nw);
+    }
+    free(pq), free(pd);
+}
+#endif
+
 /* Weight rows [o0, o1) of a matmul: a task of the pool. */
 static void matmul_rows(void *ctx, int64_t o0, int64_t o1) {
     const job_t *J = ctx;
@@ -532,7 +673,8 @@ static int matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, i
     int8_t *gqx = NULL;
     float *gdx = NULL;
 #ifdef KV_AVX2
-    const int64_t ng = n / NG;
+    const int panels = n >= PANEL_MIN_ROWS && kvq_panels(type);
+    const int64_t ng = panels ? 0 : n / NG;
     if (ng > 0) { /* whole groups of rows, also laid out block by block for the group kernel */
         gqx = malloc((size_t)(ng * NG * k));
         gdx = malloc(sizeof(float) * (size_t)(2 * ng * NG * nu));
@@ -552,6 +694,14 @@ static int matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, i
     }
     J.qx = qx, J.dx = dx, J.sx = sx;
     J.gqx = gqx, J.gdx = gdx, J.gsx = Q.gsx;
+#ifdef KV_AVX2
+    if (panels) {
+        panels_t P = {.J = &J};
+        kv_parallel(matmul_panels, &P, (n_out + PANEL - 1) / PANEL, 1);
+        free(qx), free(dx), free(sx);
+        return P.failed ? -1 : 0;
+    }
+#endif
     kv_parallel(matmul_rows, &J, n_out, 4);
     free(qx), free(dx), free(sx), free(gqx), free(gdx);
     return 0;
@@ -581,13 +731,43 @@ typedef struct {
     int64_t n_ff;
 } swiglu_t;
 
+#ifdef KV_AVX2
+/* e^x for 8 floats: x = n ln 2 + r, e^r by Cephes' expf polynomial, 2^n in the exponent bits;
+ * within 2 ulp of expf. x is clamped to [-87.3, 88] (e^x stays a normal float: silu of a gate
+ * below -88 comes out about 1e-36 times the gate instead of a denormal); a NaN stays NaN. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x)); /* NaN: x */
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
 static void swiglu_items(void *ctx, int64_t e0, int64_t e1) {
     const swiglu_t *S = ctx;
     for (int64_t e = e0; e < e1;) {
         const int64_t i = e / S->n_ff, j0 = e % S->n_ff;
         const int64_t j1 = S->n_ff < j0 + (e1 - e) ? S->n_ff : j0 + (e1 - e);
         float *gi = S->g + i * 2 * S->n_ff;
-        for (int64_t j = j0; j < j1; j++) gi[j] = gi[j] / (1.0f + expf(-gi[j])) * gi[S->n_ff + j];
+        int64_t j = j0;
+#ifdef KV_AVX2
+        for (; j + 8 <= j1; j += 8) {
+            const __m256 g = _mm256_loadu_ps(gi + j), u = _mm256_loadu_ps(gi + S->n_ff + j);
+            const __m256 den = _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), g)));
+            _mm256_storeu_ps(gi + j, _mm256_mul_ps(_mm256_div_ps(g, den), u));
+        }
+#endif
+        for (; j < j1; j++) gi[j] = gi[j] / (1.0f + expf(-gi[j])) * gi[S->n_ff + j];
         e += j1 - j0;
     }
 }

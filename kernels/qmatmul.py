@@ -37,6 +37,13 @@ def supported(qtype: int, shape: tuple[int, ...]) -> bool:
     return b is not None and len(shape) == 2 and shape[1] % b[0] == 0
 
 
+def panels(qtype: int) -> bool:
+    """Whether many-row calls of this format (prompts: qmatmul.c's PANEL_MIN_ROWS and more) have
+    the panel kernel in the loaded build; without it they are best left to a dense GEMM."""
+    lib = _lib()
+    return lib is not None and bool(lib.kvq_panels(int(qtype)))
+
+
 def _lib() -> ctypes.CDLL | None:
     return cpu_lib.lib()
 
@@ -81,6 +88,7 @@ class QWeight:
         self._nseg = len(raws)
         self._desc = _Weight(self.qtype, self._nseg, self._ptrs, self._rows, self.row_bytes, k, self.n_out)
         self._desc_ptr = ctypes.addressof(self._desc)
+        self.panels = panels(self.qtype)  # many rows at a time are fast too
 
     def __call__(
         self, x: torch.Tensor, lib: ctypes.CDLL | None = None, norm: tuple[torch.Tensor, float] | None = None

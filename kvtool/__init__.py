@@ -7,7 +7,14 @@ API (errors, the model registry) answer without importing torch."""
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
+
+# torch's OpenMP workers sleep when a parallel region ends instead of spinning for some
+# milliseconds: the compiled kernels' own pool (kernels/cpu_pool.c) runs between torch's ops, and
+# spinning workers took its cores (a 512-token prompt of SmolLM2 on 2 threads: 1189 against 766
+# ms). Read once, when torch loads its OpenMP runtime; a user's own setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # the module each public name lives in
 _WHERE = {

@@ -4,9 +4,10 @@
 oracle tests use). `weights="auto"` keeps quantized weights quantized and switches by the number
 of rows: up to QUANT_MAX_ROWS a quantized matmul reads 4-8 bits per weight (the compiled block
 matmul over the file's bytes, kernels/qmatmul.c, where it is built and has the format; else
-torch's int4pack kernel where the format maps onto it exactly); above, a dense float32 GEMM on a
-copy dequantized on first such use (prompts, large batches). Other formats are dequantized to
-float32 at load. Activations, residual stream, norms and softmax stay float32.
+torch's int4pack kernel where the format maps onto it exactly). Above, the 4-bit formats with
+qmatmul.c's panel kernel (Q4_0, Q4_1, Q4_K on AVX2) stay in the compiled kernel; the others take
+a dense float32 GEMM on a copy dequantized on first such use (prompts, large batches). Other
+formats are dequantized to float32 at load. Activations, residual stream, norms and softmax stay float32.
 
 `weights="f16"` / `"bf16"` keep matrices and the token embedding dense in that type (the GPU
 default is bf16: "auto" means bf16 on CUDA, whose matmuls have no int4pack path); a matmul
@@ -103,19 +104,24 @@ class QuantLinear:
             self._dense = parts[0] if len(parts) == 1 else torch.cat(parts)
         return self._dense
 
+    def computes_natively(self, n_rows: int) -> bool:
+        """Whether `n_rows` rows go to the compiled kernel (a few rows, or the panel kernel for
+        many), rather than to int4pack or the dense GEMM."""
+        return self.native is not None and (n_rows <= QUANT_MAX_ROWS or self.native.panels)
+
     def normed(self, x: torch.Tensor, w: torch.Tensor, eps: float, norm: NormFn) -> torch.Tensor:
         """self(norm(x, w, eps)), the RMS norm inside the compiled call where that applies (a
         normed row feeds only this matmul)."""
-        if self.native is None or x.shape[0] > QUANT_MAX_ROWS:
+        if self.native is None or not self.computes_natively(x.shape[0]):
             return self(norm(x, w, eps))
         y = self.native(x, norm=(w, eps))
         return y + self.bias if self.bias is not None else y
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > QUANT_MAX_ROWS:
-            return F.linear(x, self.dense(), self.bias)
-        if self.native is not None:
+        if self.native is not None and self.computes_natively(x.shape[0]):
             y = self.native(x)
+        elif x.shape[0] > QUANT_MAX_ROWS:
+            return F.linear(x, self.dense(), self.bias)
         else:
             assert self.packed is not None
             y = int4_linear(x, self.packed)
@@ -127,11 +133,14 @@ def swiglu_native(
 ) -> torch.Tensor | None:
     """down(silu(gate(x')) * up(x')) as one call of the compiled kernel, x' = x RMS-normed with
     norm = (w, eps) if given, else x; None where it does not apply (more than QUANT_MAX_ROWS
-    rows, weights not in it, biases): then compute it op by op."""
+    rows of a format without the panel kernel, weights not in it, biases): then compute it op by
+    op."""
     f = gate_up.fused
-    if x.shape[0] > QUANT_MAX_ROWS or f is None or f.native is None or f.bias is not None:
+    if f is None or f.native is None or f.bias is not None or not f.computes_natively(x.shape[0]):
         return None
     if not isinstance(down, QuantLinear) or down.native is None or down.bias is not None:
+        return None
+    if not down.computes_natively(x.shape[0]):
         return None
     if len(gate_up.sizes) != 2 or gate_up.sizes[0] != gate_up.sizes[1]:
         return None

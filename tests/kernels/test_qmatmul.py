@@ -64,6 +64,39 @@ def test_a_row_gives_the_same_bits_alone_or_among_others(lib: ctypes.CDLL, qtype
     assert torch.equal(w(x[3:15], lib), together[3:15])  # a group, then 4 rows, at other offsets
 
 
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q4_K, Q8_0])
+@pytest.mark.parametrize("n", [33, 70])
+def test_many_rows_match_the_specification(lib: ctypes.CDLL, qtype: int, n: int) -> None:
+    """From 33 rows (prompts) the 4-bit formats take the panel kernel on AVX2: weights unpacked 8
+    rows at a time, stacked weights whose row counts are not multiples of 8 straddling panels."""
+    k = 512
+    shapes = [(36, k), (20, k), (75, k)]
+    raws = [weight(qtype, s[0], k, 10 + i) for i, s in enumerate(shapes)]
+    x = torch.randn(n, k) * torch.logspace(-2, 1, k)
+    x[1, 64:96] = 0.0
+    y = qmatmul.QWeight(raws, qtype, shapes)(x, lib)
+    want = torch.cat([qmatmul.qmatmul_ref(x, r, qtype, s) for r, s in zip(raws, shapes, strict=True)], 1)
+    torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q4_K])
+def test_many_rows_give_a_row_the_same_bits_wherever_it_sits(lib: ctypes.CDLL, qtype: int) -> None:
+    """The panel kernel sums each row alone in block order: its tiles of 4 rows and the rows
+    left over compute alike, so a prompt row does not depend on the rows around it."""
+    k = 512
+    w = qmatmul.QWeight([weight(qtype, 45, k, 5)], qtype, [(45, k)])
+    x = torch.randn(70, k) * torch.logspace(-2, 1, k)
+    together = w(x, lib)
+    assert torch.equal(w(x[5:43], lib), together[5:43])  # 38 rows, shifted against the tiles
+    assert torch.equal(w(x[33:], lib), together[33:])
+
+
+def test_the_panel_kernel_is_in_the_avx2_build_only(lib: ctypes.CDLL) -> None:
+    assert not lib.kvq_panels(Q8_0) and not lib.kvq_panels(Q6_K) and not lib.kvq_panels(Q5_0)
+    if lib is not qmatmul._lib():
+        assert not lib.kvq_panels(Q4_1)  # the portable build: many rows go to a dense GEMM
+
+
 def test_strided_rows_and_the_portable_build_agree(lib: ctypes.CDLL) -> None:
     raw = weight(Q4_1, 32, 64, 7)
     x = torch.randn(6, 128)[:, :64]  # rows 128 floats apart
@@ -91,7 +124,7 @@ def test_bad_calls_are_refused() -> None:
         qmatmul.QWeight([raw[:8]], Q4_0, [(16, 64)])
 
 
-@pytest.mark.parametrize("n", [1, 3, 6])
+@pytest.mark.parametrize("n", [1, 3, 6, 41])
 def test_swiglu_ffn_matches_the_specification(lib: ctypes.CDLL, n: int) -> None:
     k, n_ff = 64, 96
     gate, up, down = weight(Q4_1, n_ff, k, 1), weight(Q4_1, n_ff, k, 2), weight(Q8_0, k, n_ff, 3)

@@ -69,14 +69,22 @@ def exact(f: GGUFFile, name: str) -> torch.Tensor:
     return torch.from_numpy(ref_dequantize(raw, T(info.qtype)).astype(np.float32)).reshape(info.shape)
 
 
-def test_few_rows_take_the_packed_path_many_rows_the_exact_dense_one(gguf_file: GGUFFile) -> None:
-    lin = load_linear(gguf_file, "q", "auto")
-    assert isinstance(lin, QuantLinear)
-    w = exact(gguf_file, "q")
-    few = torch.randn(QUANT_MAX_ROWS, N_IN)
-    torch.testing.assert_close(lin(few), F.linear(few, w), rtol=0.02, atol=0.02)
-    many = torch.randn(QUANT_MAX_ROWS + 1, N_IN)
-    assert torch.equal(lin(many), F.linear(many, w))  # dense float32, bit for bit
+def test_few_rows_take_the_packed_path_many_rows_the_panel_kernel_or_the_exact_dense_one(
+    gguf_file: GGUFFile,
+) -> None:
+    for name in ("q", "gate"):  # Q4_1: the panel kernel where it is built; Q8_0: never
+        lin = load_linear(gguf_file, name, "auto")
+        assert isinstance(lin, QuantLinear)
+        w, info = exact(gguf_file, name), gguf_file.tensor_info(name)
+        few = torch.randn(QUANT_MAX_ROWS, w.shape[1])
+        torch.testing.assert_close(lin(few), F.linear(few, w), rtol=0.02, atol=0.02)
+        many = torch.randn(QUANT_MAX_ROWS + 1, w.shape[1])
+        if lin.native is not None and lin.native.panels:
+            assert lin.computes_natively(QUANT_MAX_ROWS + 1) and lin._dense is None  # never dequantized
+            ref = qmatmul.qmatmul_ref(many, gguf_file.tensor_bytes(name), info.qtype, info.shape)
+            torch.testing.assert_close(lin(many), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+        else:
+            assert torch.equal(lin(many), F.linear(many, w))  # dense float32, bit for bit
 
 
 def test_unmappable_weights_stay_dense(gguf_file: GGUFFile) -> None:

@@ -67,8 +67,14 @@ def test_quantized_model_against_the_f32_mode(model_path: Path) -> None:
     err = (few - want).abs().max() / want.abs().max()
     assert float(err) < 0.03, float(err)  # int8 activations, as llama.cpp's CPU backend
     assert (few.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
-    many = logits(auto, tokens, QUANT_MAX_ROWS + 1)  # two dense float32 ubatches: f32 mode's numbers
-    torch.testing.assert_close(many, want, rtol=1e-5, atol=1e-5)
+    many = logits(auto, tokens, QUANT_MAX_ROWS + 1)  # two ubatches of many rows (prompts)
+    gate_up = layer.ffn_gate_up.fused
+    if gate_up is not None and gate_up.native is not None and gate_up.native.panels:  # the panel kernel
+        err = (many - want).abs().max() / want.abs().max()
+        assert float(err) < 0.03, float(err)
+        assert (many.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+    else:  # dense float32 GEMMs: f32 mode's numbers
+        torch.testing.assert_close(many, want, rtol=1e-5, atol=1e-5)
 
 
 def _decode_script(model: Model, kv_unified: bool, cache_type: str) -> list[torch.Tensor]:
