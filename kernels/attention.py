@@ -41,6 +41,24 @@ class KQMask:
         bias = mask if self.empty is None else mask.masked_fill(self.empty, 0.0)
         self._bias = bias.float()  # [S, n_q, n_kv]: a row that sees nothing is zeroed out after
         self._grouped: dict[int, torch.Tensor] = {}
+        self._blocks: list[tuple[int, int, int, int, KQMask]] | None = None
+
+    def blocks(self, rows: int) -> list[tuple[int, int, int, int, KQMask]]:
+        """(q0, q1, k0, k1, mask) per block of `rows` query rows: the keys [k0, k1) that some row
+        of the block sees in some stream, and the block's mask over them; blocks that see no key
+        are left out (their rows give zeros). Built once per ubatch, on first use."""
+        if self._blocks is None:
+            n_q = self.mask.shape[1]
+            seen = ~torch.isneginf(self.mask)  # [S, n_q, n_kv]
+            self._blocks = []
+            for q0 in range(0, n_q, rows):
+                q1 = min(q0 + rows, n_q)
+                keys = torch.nonzero(seen[:, q0:q1].any(dim=1).any(dim=0)).flatten()
+                if keys.numel():
+                    k0, k1 = int(keys[0]), int(keys[-1]) + 1
+                    part = self.mask[:, q0:q1, k0:k1]
+                    self._blocks.append((q0, q1, k0, k1, KQMask(part, find_empty=self.empty is not None)))
+        return self._blocks
 
     def grouped(self, group: int) -> torch.Tensor:
         """[S, 1, group * n_q, n_kv]: the mask of the rows `attention_ref` gives one KV head,
@@ -320,16 +338,35 @@ def _launch(
     return out
 
 
+Q_BLOCK = 128  # query rows per SDPA call on the CPU for prompts: each reads only the keys it sees
+
+
+def attention_blocks(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | KQMask, scale: float
+) -> torch.Tensor:
+    """`attention_ref` by blocks of Q_BLOCK query rows, each over the range of keys its rows see
+    (`KQMask.blocks`): a causal prompt computes about half the scores of one call over all keys.
+    The keys left out are hidden from the block's rows, so the result is the same softmax."""
+    m = _as_mask(mask)
+    out = torch.zeros(*q.shape[:3], v.shape[3], dtype=q.dtype, device=q.device)
+    for q0, q1, k0, k1, part in m.blocks(Q_BLOCK):
+        out[:, q0:q1] = attention_ref(q[:, q0:q1], k[:, k0:k1], v[:, k0:k1], part, scale)
+    return out
+
+
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | KQMask, scale: float
 ) -> torch.Tensor:
     """Attention per stream (see `attention_ref`): Triton on CUDA tensors; on the CPU the compiled
-    kernel for a few query rows per stream (decode), the reference (torch's SDPA) for more."""
+    kernel for a few query rows per stream (decode), torch's SDPA by blocks of query rows over
+    the keys each block sees for more (prompts)."""
     dense = mask.mask if isinstance(mask, KQMask) else mask
     if use_triton(q, k, v, dense):
         return attention_triton(q, k, v, dense, scale)
     if attention_cpu.applies(q, k, v):
         return attention_cpu.attention_cpu(q, k, v, dense, scale)
+    if q.shape[1] > Q_BLOCK:
+        return attention_blocks(q, k, v, mask, scale)
     return attention_ref(q, k, v, mask, scale)
 
 

@@ -11,7 +11,8 @@ import math
 import pytest
 import torch
 
-from kvtool.kernels.attention import KQMask, attention_ref, attention_triton
+from kvtool.kernels import attention as attention_mod
+from kvtool.kernels.attention import KQMask, attention_blocks, attention_ref, attention_triton
 from tests.kernels.attention_inputs import CASES, TOL, Case, Pick, make_inputs, random_case
 
 
@@ -116,3 +117,30 @@ def test_mask_without_empty_rows_needs_no_fixup() -> None:
     assert m.empty is None
     assert m.grouped(2).shape == (1, 1, 4, 4) and m.grouped(1).shape == (1, 1, 2, 4)
     assert torch.equal(m.grouped(2)[0, 0, 2:], mask[0])  # rows: (head in group, query)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("case", [c for c in CASES if c.n_q > 1], ids=lambda c: c.name)
+def test_blocks_of_query_rows_over_the_keys_they_see_match_the_reference(
+    case: Case, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prompts on the CPU: SDPA per block of query rows, over the range of keys the block sees
+    (blocks of 4 rows here: every case has several, some seeing a short range or nothing)."""
+    monkeypatch.setattr(attention_mod, "Q_BLOCK", 4)
+    q, k, v, mask = make_inputs(case, dtype, seed=7)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    m = KQMask(mask)
+    got = attention_blocks(q, k, v, m, scale)
+    want = attention_ref(q, k, v, mask, scale)
+    torch.testing.assert_close(got, want, **TOL[dtype])
+    assert (got[torch.isneginf(mask).all(-1)] == 0).all()
+    spans = [(k0, k1) for _, _, k0, k1, _ in m.blocks(4)]
+    assert spans and all(0 <= k0 < k1 <= case.n_kv for k0, k1 in spans)
+
+
+def test_a_causal_prompts_blocks_read_the_keys_up_to_their_last_row() -> None:
+    n = 10
+    mask = torch.zeros(1, n, n).masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    mask[0, 8:, :3] = float("-inf")  # a window: the last rows no longer see the first keys
+    spans = [(b[0], b[1], b[2], b[3]) for b in KQMask(mask).blocks(4)]
+    assert spans == [(0, 4, 0, 4), (4, 8, 0, 8), (8, 10, 3, 10)]
