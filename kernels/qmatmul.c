@@ -423,8 +423,9 @@ static int64_t matmul_groups(const job_t *J, int64_t o0, int64_t o1) {
 /* A prompt has many activation rows per weight row. Its weights are unpacked, PANEL rows at a
  * time, into bytes laid out so that one 32-byte vector holds 4 consecutive elements of each of
  * the PANEL rows (one int32 lane per weight row): a broadcast of 4 activation bytes multiplies
- * all of them at once, and the products add up in int16 lanes over a block (8 steps of at most
- * 2 * 15 * 127 each: 30480, so 4-bit unsigned weights only). Per block, a row's integer sum is
+ * all of them at once, and the products add up in int16 lanes (8 steps of at most 2 * 15 * 127
+ * for 4-bit weights: 30480; 4 steps of at most 2 * 31 * 127 for Q5_0's 5 bits: 31496), then in
+ * int32 over the block. Per block, a row's integer sum is
  * scaled by both blocks' scales and the weight's offset added, in block order: a row's result
  * does not depend on the other rows of the call. */
 #define PANEL 8
@@ -434,7 +435,7 @@ static int64_t matmul_groups(const job_t *J, int64_t o0, int64_t o1) {
 /* Whether a format has the panel kernel in this build. */
 int kvq_panels(int type) {
 #ifdef KV_AVX2
-    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q4_K;
+    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q4_K;
 #else
     (void)type;
     return 0;
@@ -449,6 +450,16 @@ static void unpack_block(int type, const uint8_t *row, int64_t u, uint8_t *q, fl
     if (type == T_Q4_0) {
         const uint8_t *b = row + u * 18;
         *d = load_half(b), *m = -8.0f * *d, qs = b + 2;
+    } else if (type == T_Q5_0) {
+        const uint8_t *b = row + u * 22;
+        uint32_t qh;
+        memcpy(&qh, b + 2, 4);
+        *d = load_half(b), *m = -16.0f * *d;
+        for (int i = 0; i < 16; i++) {
+            q[i] = (uint8_t)((b[6 + i] & 0xF) | (((qh >> i) & 1) << 4));
+            q[i + 16] = (uint8_t)((b[6 + i] >> 4) | (((qh >> (i + 16)) & 1) << 4));
+        }
+        return;
     } else if (type == T_Q4_1) {
         const uint8_t *b = row + u * 20;
         *d = load_half(b), *m = load_half(b + 2), qs = b + 4;
@@ -490,30 +501,37 @@ static void unpack_panel(const job_t *J, int64_t o, int nw, uint8_t *pq, float *
     }
 }
 
-/* y[r][o .. o + nw) for activation rows r < R (R a constant where it is inlined). */
+/* y[r][o .. o + nw) for activation rows r < R, the int16 sums moved to int32 every `flush` steps
+ * (R and flush constants where it is inlined). */
 static inline __attribute__((always_inline)) void panel_tile(const uint8_t *pq, const float *pd, const float *pm,
                                                              int64_t nu, const job_t *J, int64_t i, const int R,
-                                                             int64_t o, int nw) {
+                                                             const int flush, int64_t o, int nw) {
     __m256 acc[PANEL_TILE];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1);
     const int8_t *qx = J->qx + i * J->k;
     const float *dx = J->dx + i * nu, *sx = J->sx + i * nu;
     for (int64_t u = 0; u < nu; u++) {
-        __m256i a16[PANEL_TILE];
-        for (int r = 0; r < R; r++) a16[r] = _mm256_setzero_si256();
+        __m256i a16[PANEL_TILE], a32[PANEL_TILE];
         const uint8_t *pb = pq + u * QK * PANEL;
-        for (int s = 0; s < QK / 4; s++) {
-            const __m256i w = _mm256_load_si256((const __m256i *)(pb + s * 32));
+        for (int s0 = 0; s0 < QK / 4; s0 += flush) {
+            for (int r = 0; r < R; r++) a16[r] = _mm256_setzero_si256();
+            for (int s = s0; s < s0 + flush; s++) {
+                const __m256i w = _mm256_load_si256((const __m256i *)(pb + s * 32));
+                for (int r = 0; r < R; r++) {
+                    int32_t v;
+                    memcpy(&v, qx + r * J->k + u * QK + 4 * s, 4);
+                    a16[r] = _mm256_add_epi16(a16[r], _mm256_maddubs_epi16(w, _mm256_set1_epi32(v)));
+                }
+            }
             for (int r = 0; r < R; r++) {
-                int32_t v;
-                memcpy(&v, qx + r * J->k + u * QK + 4 * s, 4);
-                a16[r] = _mm256_add_epi16(a16[r], _mm256_maddubs_epi16(w, _mm256_set1_epi32(v)));
+                const __m256i part = _mm256_madd_epi16(a16[r], ones);
+                a32[r] = s0 ? _mm256_add_epi32(a32[r], part) : part;
             }
         }
         const __m256 d = _mm256_loadu_ps(pd + u * PANEL), m = _mm256_loadu_ps(pm + u * PANEL);
         for (int r = 0; r < R; r++) {
-            const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(a16[r], ones));
+            const __m256 f = _mm256_cvtepi32_ps(a32[r]);
             acc[r] = _mm256_fmadd_ps(f, _mm256_mul_ps(d, _mm256_set1_ps(dx[r * nu + u])), acc[r]);
             acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[r * nu + u]), acc[r]);
         }
@@ -553,8 +571,13 @@ static void matmul_panels(void *ctx, int64_t p0, int64_t p1) {
         const int nw = J->n_out - o < PANEL ? (int)(J->n_out - o) : PANEL;
         unpack_panel(J, o, nw, pq, pd, pm);
         int64_t i = 0;
-        for (; i + PANEL_TILE <= J->n; i += PANEL_TILE) panel_tile(pq, pd, pm, nu, J, i, PANEL_TILE, o, nw);
-        for (; i < J->n; i++) panel_tile(pq, pd, pm, nu, J, i, 1, o, nw);
+        if (J->f.type == T_Q5_0) { /* 5 bits: int16 holds 4 steps */
+            for (; i + PANEL_TILE <= J->n; i += PANEL_TILE) panel_tile(pq, pd, pm, nu, J, i, PANEL_TILE, 4, o, nw);
+            for (; i < J->n; i++) panel_tile(pq, pd, pm, nu, J, i, 1, 4, o, nw);
+        } else {
+            for (; i + PANEL_TILE <= J->n; i += PANEL_TILE) panel_tile(pq, pd, pm, nu, J, i, PANEL_TILE, 8, o, nw);
+            for (; i < J->n; i++) panel_tile(pq, pd, pm, nu, J, i, 1, 8, o, nw);
+        }
     }
     free(pq), free(pd);
 }

@@ -4,8 +4,8 @@
 oracle tests use). `weights="auto"` keeps quantized weights quantized and switches by the number
 of rows: up to QUANT_MAX_ROWS a quantized matmul reads 4-8 bits per weight (the compiled block
 matmul over the file's bytes, kernels/qmatmul.c, where it is built and has the format; else
-torch's int4pack kernel where the format maps onto it exactly). Above, the 4-bit formats with
-qmatmul.c's panel kernel (Q4_0, Q4_1, Q4_K on AVX2) stay in the compiled kernel; the others take
+torch's int4pack kernel where the format maps onto it exactly). Above, the formats with
+qmatmul.c's panel kernel (Q4_0, Q4_1, Q5_0, Q4_K on AVX2) stay in the compiled kernel; the others take
 a dense float32 GEMM on a copy dequantized on first such use (prompts, large batches). Other
 formats are dequantized to float32 at load. Activations, residual stream, norms and softmax stay float32.
 
