@@ -110,25 +110,11 @@ static float exp_row(float *w, const float *sc, float mx, int64_t n) {
     int64_t c = 0;
     float sum = 0.0f;
 #ifdef KV_AVX2
-    /* exp(x) = 2^n exp(r), x = n ln2 + r, |r| <= ln2 / 2, exp(r) by Cephes' expf polynomial */
     const __m256 vmx = _mm256_set1_ps(mx), ninf = _mm256_set1_ps(-INFINITY);
-    const __m256 lo = _mm256_set1_ps(-87.3f), log2e = _mm256_set1_ps(1.44269504088896341f);
-    const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
     __m256 acc = _mm256_setzero_ps();
     for (; c + 8 <= n; c += 8) {
         const __m256 s8 = _mm256_loadu_ps(sc + c);
-        const __m256 x = _mm256_max_ps(_mm256_sub_ps(s8, vmx), lo);
-        const __m256 fn = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        const __m256 r = _mm256_fnmadd_ps(fn, c2, _mm256_fnmadd_ps(fn, c1, x));
-        __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-        p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-        const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fn), _mm256_set1_epi32(127)), 23);
-        __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+        __m256 y = exp8(_mm256_sub_ps(s8, vmx)); /* x <= 0: exp8's upper clamp never applies */
         y = _mm256_andnot_ps(_mm256_cmp_ps(s8, ninf, _CMP_EQ_OQ), y); /* hidden keys weigh 0 */
         _mm256_storeu_ps(w + c, y);
         acc = _mm256_add_ps(acc, y);
