@@ -443,60 +443,76 @@ int kvq_panels(int type) {
 }
 
 #ifdef KV_AVX2
-/* Block u of a weight row as 32 unsigned values q and its (d, m): the block is d * q + m. */
-static void unpack_block(int type, const uint8_t *row, int64_t u, uint8_t *q, float *d, float *m) {
-    const uint8_t *qs;
-    int high = -1; /* Q4_K: which nibbles of its 32 bytes; -1: 16 bytes, low nibbles first */
+/* Block u of a weight row as 32 unsigned values in element order, and its (d, m): the block
+ * is d * q + m. */
+static inline __m256i block_values(int type, const uint8_t *row, int64_t u, float *d, float *m) {
     if (type == T_Q4_0) {
         const uint8_t *b = row + u * 18;
-        *d = load_half(b), *m = -8.0f * *d, qs = b + 2;
-    } else if (type == T_Q5_0) {
-        const uint8_t *b = row + u * 22;
-        uint32_t qh;
-        memcpy(&qh, b + 2, 4);
-        *d = load_half(b), *m = -16.0f * *d;
-        for (int i = 0; i < 16; i++) {
-            q[i] = (uint8_t)((b[6 + i] & 0xF) | (((qh >> i) & 1) << 4));
-            q[i + 16] = (uint8_t)((b[6 + i] >> 4) | (((qh >> (i + 16)) & 1) << 4));
-        }
-        return;
-    } else if (type == T_Q4_1) {
+        *d = load_half(b), *m = -8.0f * *d;
+        return nibbles32(b + 2);
+    }
+    if (type == T_Q4_1) {
         const uint8_t *b = row + u * 20;
-        *d = load_half(b), *m = load_half(b + 2), qs = b + 4;
-    } else {
-        const uint8_t *b = row + (u / 8) * 144;
-        const int j = (int)(u % 8);
-        uint8_t sc, mn;
-        k_scale_min(j, b + 4, &sc, &mn);
-        *d = load_half(b) * (float)sc, *m = -load_half(b + 2) * (float)mn;
-        qs = b + 16 + (j / 2) * 32, high = j % 2;
+        *d = load_half(b), *m = load_half(b + 2);
+        return nibbles32(b + 4);
     }
-    if (high < 0) {
-        for (int i = 0; i < 16; i++) q[i] = qs[i] & 0xF, q[i + 16] = qs[i] >> 4;
-    } else {
-        for (int i = 0; i < 32; i++) q[i] = high ? qs[i] >> 4 : qs[i] & 0xF;
+    if (type == T_Q5_0) {
+        const uint8_t *b = row + u * 22;
+        *d = load_half(b), *m = -16.0f * *d;
+        return _mm256_or_si256(nibbles32(b + 6), _mm256_and_si256(bits32(b + 2), _mm256_set1_epi8(0x10)));
+    }
+    const uint8_t *b = row + (u / 8) * 144; /* Q4_K */
+    const int j = (int)(u % 8);
+    uint8_t sc, mn;
+    k_scale_min(j, b + 4, &sc, &mn);
+    *d = load_half(b) * (float)sc, *m = -load_half(b + 2) * (float)mn;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + (j / 2) * 32));
+    return _mm256_and_si256((j % 2) ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0xF));
+}
+
+/* Weight rows [o, o + PANEL) unpacked: pq [nu][8 steps][PANEL][4], pd and pm [nu][PANEL]; rows
+ * past n_out are zeros. Per block, the 8 rows' 32 values (8 dwords of 4 each) are transposed so that
+ * dword l of step s is row l's elements 4s .. 4s + 3. */
+static void panel_rows(const job_t *J, int64_t o, const uint8_t **rows) {
+    for (int l = 0; l < PANEL; l++) {
+        if (o + l < J->n_out) {
+            int seg = 0;
+            while (o + l >= J->seg_end[seg]) seg++;
+            rows[l] = J->w[seg] + (o + l - (seg ? J->seg_end[seg - 1] : 0)) * J->f.row_bytes;
+        } else {
+            rows[l] = NULL;
+        }
     }
 }
 
-static const uint8_t *weight_row(const job_t *J, int64_t o) {
-    int seg = 0;
-    while (o >= J->seg_end[seg]) seg++;
-    return J->w[seg] + (o - (seg ? J->seg_end[seg - 1] : 0)) * J->f.row_bytes;
-}
-
-/* Weight rows [o, o + nw) unpacked: pq [nu][8 steps][PANEL][4], pd and pm [nu][PANEL]; rows past
- * nw are zeros. */
-static void unpack_panel(const job_t *J, int64_t o, int nw, uint8_t *pq, float *pd, float *pm) {
+static void unpack_panel(const job_t *J, int64_t o, uint8_t *pq, float *pd, float *pm) {
     const int64_t nu = J->k / QK;
-    memset(pq, 0, (size_t)(nu * QK * PANEL));
-    memset(pd, 0, sizeof(float) * (size_t)(nu * PANEL));
-    memset(pm, 0, sizeof(float) * (size_t)(nu * PANEL));
-    uint8_t q[QK];
-    for (int l = 0; l < nw; l++) {
-        const uint8_t *row = weight_row(J, o + l);
-        for (int64_t u = 0; u < nu; u++) {
-            unpack_block(J->f.type, row, u, q, pd + u * PANEL + l, pm + u * PANEL + l);
-            for (int s = 0; s < QK / 4; s++) memcpy(pq + ((u * (QK / 4) + s) * PANEL + l) * 4, q + 4 * s, 4);
+    const uint8_t *rows[PANEL];
+    panel_rows(J, o, rows);
+    for (int64_t u = 0; u < nu; u++) {
+        __m256i v[PANEL];
+        for (int l = 0; l < PANEL; l++) {
+            if (rows[l]) {
+                v[l] = block_values(J->f.type, rows[l], u, pd + u * PANEL + l, pm + u * PANEL + l);
+            } else {
+                v[l] = _mm256_setzero_si256(), pd[u * PANEL + l] = 0.0f, pm[u * PANEL + l] = 0.0f;
+            }
+        }
+        __m256i t[PANEL], w[PANEL];
+        for (int l = 0; l < PANEL; l += 2) {
+            t[l] = _mm256_unpacklo_epi32(v[l], v[l + 1]);
+            t[l + 1] = _mm256_unpackhi_epi32(v[l], v[l + 1]);
+        }
+        for (int h = 0; h < PANEL; h += 4) {
+            w[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);
+            w[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]);
+            w[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]);
+            w[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]);
+        }
+        uint8_t *pb = pq + u * QK * PANEL;
+        for (int st = 0; st < 4; st++) {
+            _mm256_store_si256((__m256i *)(pb + st * 32), _mm256_permute2x128_si256(w[st], w[st + 4], 0x20));
+            _mm256_store_si256((__m256i *)(pb + (st + 4) * 32), _mm256_permute2x128_si256(w[st], w[st + 4], 0x31));
         }
     }
 }
@@ -569,7 +585,13 @@ static void matmul_panels(void *ctx, int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; p++) {
         const int64_t o = p * PANEL;
         const int nw = J->n_out - o < PANEL ? (int)(J->n_out - o) : PANEL;
-        unpack_panel(J, o, nw, pq, pd, pm);
+        if (o + PANEL < J->n_out) { /* weights come from memory once per token: ask for the next panel */
+            const uint8_t *ahead[PANEL];
+            panel_rows(J, o + PANEL, ahead);
+            for (int l = 0; l < PANEL && ahead[l]; l++)
+                for (int64_t b = 0; b < J->f.row_bytes; b += 64) __builtin_prefetch(ahead[l] + b);
+        }
+        unpack_panel(J, o, pq, pd, pm);
         int64_t i = 0;
         if (J->f.type == T_Q5_0) { /* 5 bits: int16 holds 4 steps */
             for (; i + PANEL_TILE <= J->n; i += PANEL_TILE) panel_tile(pq, pd, pm, nu, J, i, PANEL_TILE, 4, o, nw);
