@@ -114,13 +114,19 @@ def test_the_compiled_kernel_takes_every_format_it_has(gguf_file: GGUFFile) -> N
 @pytest.mark.parametrize("rows", [1, QUANT_MAX_ROWS + 3])
 def test_a_group_splits_back_into_its_weights(gguf_file: GGUFFile, names: list[str], rows: int) -> None:
     group = LinearGroup(gguf_file, names, "auto", [None, torch.arange(WEIGHTS[names[1]][1]).float()])
-    assert group.fused is not None  # same plane count: one stacked matmul
+    infos = [gguf_file.tensor_info(n) for n in names]
+    if qmatmul.available() and all(qmatmul.supported(i.qtype, i.shape) for i in infos):
+        # two types, each in the compiled kernel: a compiled call each, not one int4pack stack
+        assert group.fused is None
+        assert all(isinstance(p, QuantLinear) and p.native is not None for p in group.parts)
+    else:
+        assert group.fused is not None  # same plane count: one stacked int4pack matmul
     x = torch.randn(rows, N_IN)
     outs = group(x)
     for out, name, bias in zip(outs, names, (None, torch.arange(WEIGHTS[names[1]][1]).float()), strict=True):
         want = F.linear(x, exact(gguf_file, name), bias)
-        if rows > QUANT_MAX_ROWS:
-            torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)  # one GEMM over the stack
+        if rows > QUANT_MAX_ROWS and group.fused is not None:
+            torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)  # one dense GEMM over the stack
         else:
             torch.testing.assert_close(out, want, rtol=0.02, atol=0.02)
 
