@@ -41,24 +41,25 @@ class KQMask:
         bias = mask if self.empty is None else mask.masked_fill(self.empty, 0.0)
         self._bias = bias.float()  # [S, n_q, n_kv]: a row that sees nothing is zeroed out after
         self._grouped: dict[int, torch.Tensor] = {}
-        self._blocks: list[tuple[int, int, int, int, KQMask]] | None = None
+        self._blocks: dict[int, list[tuple[int, int, int, int, KQMask]]] = {}
 
     def blocks(self, rows: int) -> list[tuple[int, int, int, int, KQMask]]:
         """(q0, q1, k0, k1, mask) per block of `rows` query rows: the keys [k0, k1) that some row
         of the block sees in some stream, and the block's mask over them; blocks that see no key
-        are left out (their rows give zeros). Built once per ubatch, on first use."""
-        if self._blocks is None:
+        are left out (their rows give zeros). Built once per ubatch and block size, on first use."""
+        blocks = self._blocks.get(rows)
+        if blocks is None:
             n_q = self.mask.shape[1]
             seen = ~torch.isneginf(self.mask)  # [S, n_q, n_kv]
-            self._blocks = []
+            blocks = self._blocks[rows] = []
             for q0 in range(0, n_q, rows):
                 q1 = min(q0 + rows, n_q)
                 keys = torch.nonzero(seen[:, q0:q1].any(dim=1).any(dim=0)).flatten()
                 if keys.numel():
                     k0, k1 = int(keys[0]), int(keys[-1]) + 1
                     part = self.mask[:, q0:q1, k0:k1]
-                    self._blocks.append((q0, q1, k0, k1, KQMask(part, find_empty=self.empty is not None)))
-        return self._blocks
+                    blocks.append((q0, q1, k0, k1, KQMask(part, find_empty=self.empty is not None)))
+        return blocks
 
     def grouped(self, group: int) -> torch.Tensor:
         """[S, 1, group * n_q, n_kv]: the mask of the rows `attention_ref` gives one KV head,

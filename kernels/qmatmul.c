@@ -205,9 +205,32 @@ static inline __m256 dot_u8_i8(__m256i w, __m256i x, __m256i pair_weights) {
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, pair_weights));
 }
 
-/* Signed weights times signed activations (the sign moved onto the activations). */
-
-
+/* Block u of a weight row as 32 unsigned values in element order, and its (d, m): the block
+ * is d * q + m. */
+static inline __m256i block_values(int type, const uint8_t *row, int64_t u, float *d, float *m) {
+    if (type == T_Q4_0) {
+        const uint8_t *b = row + u * 18;
+        *d = load_half(b), *m = -8.0f * *d;
+        return nibbles32(b + 2);
+    }
+    if (type == T_Q4_1) {
+        const uint8_t *b = row + u * 20;
+        *d = load_half(b), *m = load_half(b + 2);
+        return nibbles32(b + 4);
+    }
+    if (type == T_Q5_0) {
+        const uint8_t *b = row + u * 22;
+        *d = load_half(b), *m = -16.0f * *d;
+        return _mm256_or_si256(nibbles32(b + 6), _mm256_and_si256(bits32(b + 2), _mm256_set1_epi8(0x10)));
+    }
+    const uint8_t *b = row + (u / 8) * 144; /* Q4_K */
+    const int j = (int)(u % 8);
+    uint8_t sc, mn;
+    k_scale_min(j, b + 4, &sc, &mn);
+    *d = load_half(b) * (float)sc, *m = -load_half(b + 2) * (float)mn;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + (j / 2) * 32));
+    return _mm256_and_si256((j % 2) ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0xF));
+}
 #endif
 
 /* ---------------------------------------------------------------- one weight row, 4 x rows */
@@ -292,21 +315,15 @@ typedef struct {
     ROWS_NR(NAME##_4, NR, SIGNED, __VA_ARGS__)                                                           \
     ROWS_GROUP(NAME##_g, SIGNED, __VA_ARGS__)
 
+/* Q4_0 and Q5_0 as signed values (q - 8, q - 16), their offset in the integer sum. */
 ROWS_FN(rows_q4_0, 1, {
-    const uint8_t *b = w + u * 18;
-    a = load_half(b), c = 0.0f;
-    wv = _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
+    wv = _mm256_sub_epi8(block_values(T_Q4_0, w, u, &a, &c), _mm256_set1_epi8(8));
+    c = 0.0f;
 })
-ROWS_FN(rows_q4_1, 0, {
-    const uint8_t *b = w + u * 20;
-    a = load_half(b), c = load_half(b + 2);
-    wv = nibbles32(b + 4);
-})
+ROWS_FN(rows_q4_1, 0, { wv = block_values(T_Q4_1, w, u, &a, &c); })
 ROWS_FN(rows_q5_0, 1, {
-    const uint8_t *b = w + u * 22;
-    a = load_half(b), c = 0.0f;
-    const __m256i hi = _mm256_and_si256(bits32(b + 2), _mm256_set1_epi8(0x10));
-    wv = _mm256_sub_epi8(_mm256_or_si256(nibbles32(b + 6), hi), _mm256_set1_epi8(16));
+    wv = _mm256_sub_epi8(block_values(T_Q5_0, w, u, &a, &c), _mm256_set1_epi8(16));
+    c = 0.0f;
 })
 ROWS_FN(rows_q6_k, 1, {
     const uint8_t *b = w + (u / 8) * 210;
@@ -327,15 +344,7 @@ ROWS_FN(rows_q8_0, 1, {
     a = load_half(b), c = 0.0f;
     wv = _mm256_loadu_si256((const __m256i *)(b + 2));
 })
-ROWS_FN(rows_q4_k, 0, {
-    const uint8_t *b = w + (u / 8) * 144;
-    const int j = (int)(u % 8);
-    uint8_t sc, m;
-    k_scale_min(j, b + 4, &sc, &m);
-    a = load_half(b) * (float)sc, c = -load_half(b + 2) * (float)m;
-    const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + (j / 2) * 32));
-    wv = _mm256_and_si256((j % 2) ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0xF));
-})
+ROWS_FN(rows_q4_k, 0, { wv = block_values(T_Q4_K, w, u, &a, &c); })
 #else
 #define ROWS_FN(NAME, TYPE)                                                                              \
     ROWS_SC(NAME##_1, 1, TYPE)                                                                           \
@@ -446,36 +455,7 @@ int kvq_panels(int type) {
 }
 
 #ifdef KV_AVX2
-/* Block u of a weight row as 32 unsigned values in element order, and its (d, m): the block
- * is d * q + m. */
-static inline __m256i block_values(int type, const uint8_t *row, int64_t u, float *d, float *m) {
-    if (type == T_Q4_0) {
-        const uint8_t *b = row + u * 18;
-        *d = load_half(b), *m = -8.0f * *d;
-        return nibbles32(b + 2);
-    }
-    if (type == T_Q4_1) {
-        const uint8_t *b = row + u * 20;
-        *d = load_half(b), *m = load_half(b + 2);
-        return nibbles32(b + 4);
-    }
-    if (type == T_Q5_0) {
-        const uint8_t *b = row + u * 22;
-        *d = load_half(b), *m = -16.0f * *d;
-        return _mm256_or_si256(nibbles32(b + 6), _mm256_and_si256(bits32(b + 2), _mm256_set1_epi8(0x10)));
-    }
-    const uint8_t *b = row + (u / 8) * 144; /* Q4_K */
-    const int j = (int)(u % 8);
-    uint8_t sc, mn;
-    k_scale_min(j, b + 4, &sc, &mn);
-    *d = load_half(b) * (float)sc, *m = -load_half(b + 2) * (float)mn;
-    const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + (j / 2) * 32));
-    return _mm256_and_si256((j % 2) ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0xF));
-}
-
-/* Weight rows [o, o + PANEL) unpacked: pq [nu][8 steps][PANEL][4], pd and pm [nu][PANEL]; rows
- * past n_out are zeros. Per block, the 8 rows' 32 values (8 dwords of 4 each) are transposed so that
- * dword l of step s is row l's elements 4s .. 4s + 3. */
+/* The weight rows [o, o + PANEL) of the stacked segments; NULL past n_out. */
 static void panel_rows(const job_t *J, int64_t o, const uint8_t **rows) {
     for (int l = 0; l < PANEL; l++) {
         if (o + l < J->n_out) {
@@ -488,6 +468,9 @@ static void panel_rows(const job_t *J, int64_t o, const uint8_t **rows) {
     }
 }
 
+/* Weight rows [o, o + PANEL) unpacked: pq [nu][8 steps][PANEL][4], pd and pm [nu][PANEL]; rows
+ * past n_out are zeros. Per block, the 8 rows' 32 values (8 dwords of 4 each) are transposed so that
+ * dword l of step s is row l's elements 4s .. 4s + 3. */
 static void unpack_panel(const job_t *J, int64_t o, uint8_t *pq, float *pd, float *pm) {
     const int64_t nu = J->k / QK;
     const uint8_t *rows[PANEL];

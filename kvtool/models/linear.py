@@ -138,14 +138,12 @@ def swiglu_native(
     norm = (w, eps) if given, else x; None where it does not apply (more than QUANT_MAX_ROWS
     rows of a format without the panel kernel, weights not in it, biases): then compute it op by
     op."""
-    f = gate_up.fused
-    if f is None or f.native is None or f.bias is not None or not f.computes_natively(x.shape[0]):
+    f, n = gate_up.fused, x.shape[0]
+    if f is None or f.native is None or f.bias is not None or not f.computes_natively(n):
         return None
     if not isinstance(down, QuantLinear) or down.native is None or down.bias is not None:
         return None
-    if not down.computes_natively(x.shape[0]):
-        return None
-    if len(gate_up.sizes) != 2 or gate_up.sizes[0] != gate_up.sizes[1]:
+    if not down.computes_natively(n) or len(gate_up.sizes) != 2 or gate_up.sizes[0] != gate_up.sizes[1]:
         return None
     return qmatmul.ffn_swiglu(x, f.native, down.native, norm=norm)
 
@@ -183,8 +181,9 @@ def load_linear(f: GGUFFile, name: str, weights: str, bias: torch.Tensor | None 
 
 class LinearGroup:
     """Several linear layers over one input (Q/K/V, gate/up): one stacked packed matmul whose
-    output is split when every weight packs alike, else one layer each. The float32 mode keeps
-    one F.linear per weight, exactly as before."""
+    output is split when every weight packs alike, else one layer each (also when the weights
+    differ in type but the compiled kernel has each: a compiled call each beats int4pack). The
+    float32 mode keeps one F.linear per weight, exactly as before."""
 
     def __init__(
         self, f: GGUFFile, names: Sequence[str], weights: str, biases: Sequence[torch.Tensor | None]

@@ -10,6 +10,7 @@ import torch
 from kvtool.batch import UBatch
 from kvtool.gguf_file import GGUFFile
 from kvtool.kernels.decoder_cpu import DecoderWeights, LayerCache, LayerWeights
+from kvtool.kernels.qmatmul import QWeight
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.kv_cache_context import KVView
@@ -123,20 +124,17 @@ def _decoder_weights(layers: list[LlamaLayer], hp: HParams, rope: RopeParams) ->
     """The layers' description for the compiled decoder call, or None where a layer's weights
     are not all in the compiled quantized kernel without biases."""
 
-    def native(lin: Linear | None) -> bool:
-        return isinstance(lin, QuantLinear) and lin.native is not None and lin.bias is None
+    def native(lin: Linear | None) -> QWeight | None:
+        return lin.native if isinstance(lin, QuantLinear) and lin.bias is None else None
 
     parts = []
     for L in layers:
-        qkv, gu = L.wqkv.fused, L.ffn_gate_up.fused
-        if not (native(qkv) and native(gu) and native(L.wo) and native(L.ffn_down)):
+        qkv, wo, gu, down = (native(x) for x in (L.wqkv.fused, L.wo, L.ffn_gate_up.fused, L.ffn_down))
+        if qkv is None or wo is None or gu is None or down is None:
             return None
         if len(L.ffn_gate_up.sizes) != 2 or L.ffn_gate_up.sizes[0] != L.ffn_gate_up.sizes[1]:
             return None
-        assert qkv is not None and gu is not None and qkv.native and gu.native
-        wo, down = L.wo, L.ffn_down
-        assert isinstance(wo, QuantLinear) and isinstance(down, QuantLinear) and wo.native and down.native
-        parts.append(LayerWeights(qkv.native, wo.native, gu.native, down.native, L.attn_norm, L.ffn_norm))
+        parts.append(LayerWeights(qkv, wo, gu, down, L.attn_norm, L.ffn_norm))
     return DecoderWeights(
         parts,
         n_head=[hp.n_head] * hp.n_layer,

@@ -142,5 +142,7 @@ def test_a_causal_prompts_blocks_read_the_keys_up_to_their_last_row() -> None:
     n = 10
     mask = torch.zeros(1, n, n).masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
     mask[0, 8:, :3] = float("-inf")  # a window: the last rows no longer see the first keys
-    spans = [(b[0], b[1], b[2], b[3]) for b in KQMask(mask).blocks(4)]
+    m = KQMask(mask)
+    spans = [(b[0], b[1], b[2], b[3]) for b in m.blocks(4)]
     assert spans == [(0, 4, 0, 4), (4, 8, 0, 8), (8, 10, 3, 10)]
+    assert [(b[0], b[1], b[2], b[3]) for b in m.blocks(5)] == [(0, 5, 0, 5), (5, 10, 0, 10)]  # per size

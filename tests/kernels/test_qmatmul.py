@@ -11,7 +11,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
-from kvtool.kernels import qmatmul
+from kvtool.kernels import cpu_lib, qmatmul
 from kvtool.kernels.dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0
 
 pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: the kernel is not built")
@@ -96,6 +96,8 @@ def test_the_panel_kernel_is_in_the_avx2_build_only(lib: ctypes.CDLL) -> None:
     assert not lib.kvq_panels(Q8_0) and not lib.kvq_panels(Q6_K)
     if lib is not qmatmul._lib():
         assert not lib.kvq_panels(Q4_1)  # the portable build: many rows go to a dense GEMM
+    elif set(cpu_lib._cpu_flags().split()) >= {"avx2", "fma", "f16c"}:  # built with -march=native
+        assert all(lib.kvq_panels(t) for t in (Q4_0, Q4_1, Q5_0, Q4_K))
 
 
 def test_strided_rows_and_the_portable_build_agree(lib: ctypes.CDLL) -> None:
