@@ -133,7 +133,7 @@ def batched_bench(
                 if reason is not None:
                     err.print(f"skipped PP = {pp}, TG = {tg}, B = {pl}: {reason}", style="dim")
                     continue
-                with shown.status(common.plain(f"PP = {pp}, TG = {tg}, B = {pl}"), spinner="dots"):
+                with common.timed_status(shown, f"PP = {pp}, TG = {tg}, B = {pl}"):
                     r = batched_run(ctx, pp, tg, pl, pps, rng, tg_separate=tgs)
                 if output_format == "md":
                     print(md_row(r), flush=True)

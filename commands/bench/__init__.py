@@ -141,12 +141,14 @@ def bench(
             common.device_setting(device, n_gpu_layers),
             weights,
         )
+        shown = common.progress_console(err, no_progress)
         with Progress(
             SpinnerColumn(),
             TextColumn("{task.description}", markup=False),
             TimeElapsedColumn(),
-            console=common.progress_console(err, no_progress),
+            console=shown,
             transient=True,
+            **common.timed_refresh(shown),
         ) as progress:
             task = progress.add_task("bench", total=len(jobs))
             for inst, test in jobs:

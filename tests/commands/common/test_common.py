@@ -74,3 +74,36 @@ def test_fetch_bar_ends_with_the_verified_size() -> None:
 def test_defrag_flags_map_to_one_policy(thold: float | None, mode: str | None, want: str) -> None:
     assert common.defrag_setting(thold, mode) == want
     assert common.context_params(256, 64, 16, 1, False, False, defrag=want).defrag == want
+
+
+@pytest.mark.parametrize(
+    "verb", [["bench", "-p", "4", "-n", "2", "-r", "1"], ["batched-bench", "-npp", "4", "-ntg", "2"]]
+)
+def test_benchmarks_run_no_refresh_thread_off_a_terminal(
+    tiny_llama_path: Path, verb: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spinner's refresh thread costs a few percent of a benchmark: none is started where
+    nothing is drawn (CliRunner's output is not a terminal)."""
+    import threading
+
+    started: list[str] = []
+    real = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        started.append(type(self).__name__)
+        real(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    result = CliRunner().invoke(app, [*verb, "-m", str(tiny_llama_path)])
+    assert result.exit_code == 0, result.output
+    assert not [n for n in started if "Refresh" in n or "Live" in n], started
+
+
+def test_timed_displays_redraw_slowly_on_a_terminal() -> None:
+    tty = Console(file=io.StringIO(), force_terminal=True)
+    assert common.timed_refresh(tty) == {"auto_refresh": True, "refresh_per_second": 2}
+    assert common.timed_refresh(Console(file=io.StringIO()))["auto_refresh"] is False
+    with common.timed_status(tty, "PP = 1") as shown:
+        assert shown is not None
+    with common.timed_status(Console(file=io.StringIO()), "PP = 1") as shown:
+        assert shown is None
