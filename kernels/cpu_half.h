@@ -3,6 +3,7 @@
 #ifndef KVTOOL_CPU_HALF_H
 #define KVTOOL_CPU_HALF_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -36,6 +37,28 @@ static inline float half_to_float(uint16_t h) {
     float f;
     memcpy(&f, &bits, 4);
     return f;
+#endif
+}
+
+/* A float as an IEEE half's bits, rounded to nearest even (as torch's .to(float16)): F16C where the
+ * compiler targets it, bit arithmetic otherwise. */
+static inline uint16_t float_to_half(float f) {
+#if defined(__F16C__)
+    return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint32_t sign = (u >> 16) & 0x8000;
+    const uint32_t au = u & 0x7FFFFFFF;
+    if (au >= 0x7F800000) return (uint16_t)(sign | (au > 0x7F800000 ? 0x7E00 : 0x7C00)); /* NaN, inf */
+    if (au >= 0x477FF000) return (uint16_t)(sign | 0x7C00); /* rounds past the largest half */
+    if (au < 0x38800000) { /* a half subnormal (or zero): round |f| * 2^24 to an integer, ties to even */
+        float af;
+        memcpy(&af, &au, 4);
+        return (uint16_t)(sign | (uint32_t)nearbyintf(af * 16777216.0f));
+    }
+    const uint32_t mant = au + 0xFFF + ((au >> 13) & 1) - 0x38000000; /* rebias, round to nearest even */
+    return (uint16_t)(sign | (mant >> 13));
 #endif
 }
 

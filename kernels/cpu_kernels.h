@@ -17,6 +17,10 @@ typedef struct {
 int kvq_matmul_w(const kvq_weight *w, const float *x, int64_t ldx, int64_t n, float *y);
 int kvq_matmul_norm(const kvq_weight *w, const float *x, int64_t ldx, int64_t n, float *y, const float *norm_w,
                     float eps);
+int kvq_matmul_ld(const kvq_weight *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
+                  const float *norm_w, float eps);
+int kvq_ffn_glu(const kvq_weight *gate_up, const kvq_weight *down, const float *x, int64_t ldx, int64_t n,
+                float *y, const float *norm_w, float eps, const float *gelu);
 int kvq_ffn_swiglu(const kvq_weight *gate_up, const kvq_weight *down, const float *x, int64_t ldx, int64_t n,
                    float *y, const float *norm_w, float eps);
 

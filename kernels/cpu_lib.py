@@ -95,11 +95,13 @@ def load(path: Path) -> ctypes.CDLL | None:
         lib.kvq_matmul_norm.restype = ctypes.c_int
         lib.kvq_ffn_swiglu.argtypes = [ptr, ptr, ptr, i64, i64, ptr, ptr, ctypes.c_float]
         lib.kvq_ffn_swiglu.restype = ctypes.c_int
+        lib.kvq_ffn_glu.argtypes = [ptr, ptr, ptr, i64, i64, ptr, ptr, ctypes.c_float, ptr]
+        lib.kvq_ffn_glu.restype = ctypes.c_int
         lib.kvr_rope_store.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, ptr, i64, i64, i64, ptr, i64, i64]
         lib.kvr_rope_store.argtypes += [ctypes.c_int, ptr, i64, ptr, i64, ctypes.c_int, ptr]
         lib.kvr_rope_store.restype = ctypes.c_int
-        lib.kvl_llama_layers.argtypes = [ptr, ptr, i64, ptr, ptr, i64]
-        lib.kvl_llama_layers.restype = ctypes.c_int
+        lib.kvl_layers.argtypes = [ptr, ptr, i64, ptr, i64, ptr, i64]
+        lib.kvl_layers.restype = ctypes.c_int
         lib.kvq_set_threads.argtypes = [ctypes.c_int]
         lib.kvq_set_threads.restype = ctypes.c_int
     except AttributeError:  # a library of other sources: a function is missing

@@ -1,12 +1,16 @@
-/* Llama decoder layers for a small ubatch (decode) in one call: per layer the RMS norm and the
- * stacked Q/K/V matmul (qmatmul.c), RoPE and the K/V store into the layer's cache
- * (rope_store_cpu.c), attention per stream over the cache (attention_cpu.c), the output
- * projection added to the residual row, then the normed SwiGLU feed-forward added too.
+/* Decoder layers for a small ubatch (decode) in one call, llama's and Gemma 3's: per layer the
+ * RMS norm and the Q/K/V matmul (qmatmul.c), Gemma's RMS norm of each Q and K head, RoPE and the
+ * K/V store into the layer's cache (rope_store_cpu.c), attention per stream over the cache
+ * (attention_cpu.c), the output projection (Gemma: RMS-normed) added to the residual row, then
+ * the normed gated feed-forward (SwiGLU, or Gemma's GELU) added too (Gemma: normed first).
  *
- * The same kernels in the same order as kvtool/models/llama.py calls them one by one, so the
- * result has the same bits; at one token the calls between kernels cost more from Python than
- * the kernels themselves, and here there are none. kernels/decoder_cpu.py builds the structs. */
+ * For llama these are the kernels in the order kvtool/models/llama.py calls them one by one, so
+ * the result has the same bits. Gemma's op-by-op forward (kvtool/models/gemma3.py) norms with
+ * torch and scales Q before attention, so this call matches it to rounding. At one token the
+ * calls between kernels cost more from Python than the kernels themselves; here there are none.
+ * kernels/decoder_cpu.py builds the structs. */
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -14,13 +18,16 @@
 
 /* One layer's weights and shape. */
 typedef struct {
-    const kvq_weight *wqkv, *wo, *gate_up, *down; /* wqkv: Q rows, then K, then V */
-    const float *attn_norm, *ffn_norm;            /* [n_embd] */
-    float eps, scale;                             /* RMS norm epsilon, attention scale */
+    const kvq_weight *wqkv, *wk, *wv; /* wqkv: Q rows, then K, then V; with wk and wv: Q alone */
+    const kvq_weight *wo, *gate_up, *down;
+    const float *attn_norm, *ffn_norm;                /* [n_embd] */
+    const float *q_norm, *k_norm;                     /* [hd_k]: each Q and K head RMS-normed first, or NULL */
+    const float *attn_post_norm, *ffn_post_norm;      /* [n_embd]: a sublayer's output normed, or NULL */
+    const float *gelu;                                /* GELU table (kvq_ffn_glu), or NULL: SwiGLU */
+    float eps, scale;                                 /* RMS norm epsilon, attention scale */
     int64_t n_head, n_head_kv, hd_k, hd_v, n_rot;
-    int neox;
+    int neox, ub; /* ub: which of the ubatch's views the layer attends with */
 } kvl_layer;
-
 /* One layer's cache: K [n_stream, n_cells, n_head_kv, hd_k] at element strides (s, c, h) with a
  * contiguous last dimension, V likewise; the cache row of (stream s, cell c) is s * n_cells + c,
  * `sk_c` elements apart (K) and `sv_c` (V). */
@@ -31,7 +38,8 @@ typedef struct {
     int type; /* 0 f32, 1 f16, 2 bf16 */
 } kvl_cache;
 
-/* The ubatch every layer shares: n rows in n_stream blocks of n / n_stream rows, block b in
+/* A view of the ubatch the layers share (one per kind of cache: Gemma's sliding-window layers
+ * have their own cells and rotation): n rows in n_stream blocks of n / n_stream rows, block b in
  * stream stream0 + b; rows[i] the cache row of row i; cs [n, n_rot / 2, 2] (cos, sin), rows
  * `ldcs` floats apart; mask [n_stream, n / n_stream, n_kv] additive (0 / -inf) at strides
  * (sm_s, sm_i). */
@@ -44,16 +52,48 @@ typedef struct {
     int64_t sm_s, sm_i;
 } kvl_ubatch;
 
+/* y = x * w / sqrt(mean(x^2) + eps) over n elements (the sum of squares in double, as ggml). */
+static void rms_norm(const float *x, int64_t n, const float *w, float eps, float *y) {
+    double ss = 0.0;
+    for (int64_t j = 0; j < n; j++) ss += (double)x[j] * x[j];
+    const float scale = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    for (int64_t j = 0; j < n; j++) y[j] = (x[j] * scale) * w[j];
+}
+
+/* Each of `heads` heads of hd floats in each of n rows (ld floats apart) RMS-normed in place. */
+static void norm_heads(float *x, int64_t ld, int64_t n, int64_t heads, int64_t hd, const float *w, float eps) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t h = 0; h < heads; h++) rms_norm(x + i * ld + h * hd, hd, w, eps, x + i * ld + h * hd);
+}
+
+/* x += y (normed with w first unless w is NULL), row by row; y is overwritten. */
+static void residual(float *x, int64_t ldx, float *y, int64_t n, int64_t n_embd, const float *w, float eps) {
+    for (int64_t i = 0; i < n; i++) {
+        float *yi = y + i * n_embd;
+        if (w) rms_norm(yi, n_embd, w, eps, yi);
+        for (int64_t j = 0; j < n_embd; j++) x[i * ldx + j] += yi[j];
+    }
+}
+
 static int layer(const kvl_layer *L, const kvl_cache *C, const kvl_ubatch *U, float *x, int64_t ldx, float *qkv,
                  float *att, float *y) {
     const int64_t n = U->n, per = U->n / U->n_stream, n_embd = L->wo->n_out;
-    const int64_t wq = L->n_head * L->hd_k, wk = L->n_head_kv * L->hd_k, ldqkv = L->wqkv->n_out;
+    const int64_t wq = L->n_head * L->hd_k, wk = L->n_head_kv * L->hd_k, wv = L->n_head_kv * L->hd_v;
+    const int64_t ldqkv = wq + wk + wv;
     const int es = C->type == 0 ? 4 : 2;
-    int rc = kvq_matmul_norm(L->wqkv, x, ldx, n, qkv, L->attn_norm, L->eps);
+    int rc;
+    if (L->wk) {
+        rc = kvq_matmul_ld(L->wqkv, x, ldx, n, qkv, ldqkv, L->attn_norm, L->eps);
+        if (rc == 0) rc = kvq_matmul_ld(L->wk, x, ldx, n, qkv + wq, ldqkv, L->attn_norm, L->eps);
+        if (rc == 0) rc = kvq_matmul_ld(L->wv, x, ldx, n, qkv + wq + wk, ldqkv, L->attn_norm, L->eps);
+    } else {
+        rc = kvq_matmul_norm(L->wqkv, x, ldx, n, qkv, L->attn_norm, L->eps);
+    }
     if (rc) return rc;
-    rc = kvr_rope_store(qkv, ldqkv, L->n_head, qkv + wq, ldqkv, L->n_head_kv, L->hd_k, qkv + wq + wk, ldqkv,
-                        L->n_head_kv * L->hd_v, n, U->cs, U->ldcs, L->n_rot, L->neox, C->k, C->sk_c, C->v,
-                        C->sv_c, C->type, U->rows);
+    if (L->q_norm) norm_heads(qkv, ldqkv, n, L->n_head, L->hd_k, L->q_norm, L->eps);
+    if (L->k_norm) norm_heads(qkv + wq, ldqkv, n, L->n_head_kv, L->hd_k, L->k_norm, L->eps);
+    rc = kvr_rope_store(qkv, ldqkv, L->n_head, qkv + wq, ldqkv, L->n_head_kv, L->hd_k, qkv + wq + wk, ldqkv, wv, n,
+                        U->cs, U->ldcs, L->n_rot, L->neox, C->k, C->sk_c, C->v, C->sv_c, C->type, U->rows);
     if (rc) return rc;
     const uint8_t *k0 = (const uint8_t *)C->k + U->stream0 * C->sk_s * es;
     const uint8_t *v0 = (const uint8_t *)C->v + U->stream0 * C->sv_s * es;
@@ -63,37 +103,42 @@ static int layer(const kvl_layer *L, const kvl_cache *C, const kvl_ubatch *U, fl
     if (rc) return rc;
     rc = kvq_matmul_w(L->wo, att, L->n_head * L->hd_v, n, y);
     if (rc) return rc;
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t j = 0; j < n_embd; j++) x[i * ldx + j] += y[i * n_embd + j];
-    rc = kvq_ffn_swiglu(L->gate_up, L->down, x, ldx, n, y, L->ffn_norm, L->eps);
+    residual(x, ldx, y, n, n_embd, L->attn_post_norm, L->eps);
+    rc = kvq_ffn_glu(L->gate_up, L->down, x, ldx, n, y, L->ffn_norm, L->eps, L->gelu);
     if (rc) return rc;
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t j = 0; j < n_embd; j++) x[i * ldx + j] += y[i * n_embd + j];
+    residual(x, ldx, y, n, n_embd, L->ffn_post_norm, L->eps);
     return 0;
 }
 
 /* x [n, n_embd] (rows ldx floats apart) through layers L[0 .. n_layer - 1] with caches C[...],
- * in place. Returns 0, or -1 for a bad call (shapes that do not chain, no memory). */
-int kvl_llama_layers(const kvl_layer *L, const kvl_cache *C, int64_t n_layer, const kvl_ubatch *U, float *x,
-                     int64_t ldx) {
-    if (n_layer < 0 || U->n < 0 || U->n_stream < 1 || U->n % U->n_stream) return -1;
+ * in place, layer il attending with the ubatch view U[L[il].ub] of n_ub (all of n rows). Returns
+ * 0, or -1 for a bad call (shapes that do not chain, a view that is not there, no memory). */
+int kvl_layers(const kvl_layer *L, const kvl_cache *C, int64_t n_layer, const kvl_ubatch *U, int64_t n_ub,
+               float *x, int64_t ldx) {
+    if (n_layer < 0 || n_ub < 1) return -1;
+    const int64_t n = U[0].n;
+    for (int64_t u = 0; u < n_ub; u++)
+        if (U[u].n != n || U[u].n < 0 || U[u].n_stream < 1 || U[u].n % U[u].n_stream) return -1;
     int64_t w_qkv = 0, w_att = 0, w_y = 0;
     for (int64_t il = 0; il < n_layer; il++) {
         const kvl_layer *l = L + il;
         const int64_t n_embd = l->wo->n_out;
         const int64_t wq = l->n_head * l->hd_k, wk = l->n_head_kv * l->hd_k, wv = l->n_head_kv * l->hd_v;
-        if (l->wqkv->k != n_embd || l->wqkv->n_out != wq + wk + wv || l->wo->k != l->n_head * l->hd_v ||
-            l->gate_up->k != n_embd || l->down->n_out != n_embd || n_embd > ldx)
+        const int split = l->wk != NULL;
+        if (split && (!l->wv || l->wk->k != n_embd || l->wv->k != n_embd || l->wk->n_out != wk || l->wv->n_out != wv))
             return -1;
-        if (l->wqkv->n_out > w_qkv) w_qkv = l->wqkv->n_out;
+        if (l->ub < 0 || l->ub >= n_ub || l->wqkv->k != n_embd || l->wqkv->n_out != (split ? wq : wq + wk + wv) ||
+            l->wo->k != l->n_head * l->hd_v || l->gate_up->k != n_embd || l->down->n_out != n_embd || n_embd > ldx)
+            return -1;
+        if (wq + wk + wv > w_qkv) w_qkv = wq + wk + wv;
         if (l->wo->k > w_att) w_att = l->wo->k;
         if (n_embd > w_y) w_y = n_embd;
     }
-    float *buf = malloc(sizeof(float) * (size_t)(U->n * (w_qkv + w_att + w_y) + 1));
+    float *buf = malloc(sizeof(float) * (size_t)(n * (w_qkv + w_att + w_y) + 1));
     if (!buf) return -1;
     int rc = 0;
     for (int64_t il = 0; il < n_layer && rc == 0; il++)
-        rc = layer(L + il, C + il, U, x, ldx, buf, buf + U->n * w_qkv, buf + U->n * (w_qkv + w_att));
+        rc = layer(L + il, C + il, U + L[il].ub, x, ldx, buf, buf + n * w_qkv, buf + n * (w_qkv + w_att));
     free(buf);
     return rc;
 }

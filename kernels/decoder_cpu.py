@@ -1,14 +1,18 @@
-"""Llama decoder layers for a small ubatch in one compiled call (decoder_cpu.c via cpu_lib).
+"""Decoder layers for a small ubatch in one compiled call (decoder_cpu.c via cpu_lib): llama's
+and Gemma 3's.
 
-Per layer: RMS norm and the stacked Q/K/V matmul, RoPE and the K/V store into the cache,
-attention per stream, output projection plus residual, normed SwiGLU plus residual. These are
-the kernels qmatmul.py, rope_store_cpu.py and attention_cpu.py call one at a time, chained in C
-in the same order, so the bits are the same as calling them one by one from Python (the
-specification: kvtool/models/llama.py's op-by-op forward). At one token the Python calls
-between kernels cost milliseconds a token; this is one call for all layers.
+Per layer: RMS norm and the Q/K/V matmul, (Gemma) RMS norm of each Q and K head, RoPE and the
+K/V store into the cache, attention per stream, output projection plus residual ((Gemma) normed
+first), normed gated feed-forward plus residual (SwiGLU; Gemma: GELU, its output normed). For
+llama these are the kernels qmatmul.py, rope_store_cpu.py and attention_cpu.py call one at a
+time, chained in C in the same order, so the bits are the same as calling them one by one from
+Python (the specification: kvtool/models/llama.py's op-by-op forward); Gemma's op-by-op forward
+(kvtool/models/gemma3.py) norms with torch and matches to rounding. At one token the Python
+calls between kernels cost milliseconds a token; this is one call for all layers.
 
 `DecoderWeights` describes the layers' weights once (at load); `run` takes the per-layer caches
-and the ubatch's shared rows, rotation table and mask.
+and the ubatch's views (rows, rotation table and mask; one per kind of cache: Gemma's
+sliding-window layers have their own).
 """
 
 from __future__ import annotations
@@ -29,11 +33,12 @@ _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 class _Layer(ctypes.Structure):  # decoder_cpu.c's kvl_layer
     _fields_ = [
-        ("wqkv", _ptr), ("wo", _ptr), ("gate_up", _ptr), ("down", _ptr),
-        ("attn_norm", _ptr), ("ffn_norm", _ptr),
+        ("wqkv", _ptr), ("wk", _ptr), ("wv", _ptr), ("wo", _ptr), ("gate_up", _ptr), ("down", _ptr),
+        ("attn_norm", _ptr), ("ffn_norm", _ptr), ("q_norm", _ptr), ("k_norm", _ptr),
+        ("attn_post_norm", _ptr), ("ffn_post_norm", _ptr), ("gelu", _ptr),
         ("eps", ctypes.c_float), ("scale", ctypes.c_float),
         ("n_head", _i64), ("n_head_kv", _i64), ("hd_k", _i64), ("hd_v", _i64), ("n_rot", _i64),
-        ("neox", ctypes.c_int),
+        ("neox", ctypes.c_int), ("ub", ctypes.c_int),
     ]  # fmt: skip
 
 
@@ -54,8 +59,9 @@ class _UBatch(ctypes.Structure):  # kvl_ubatch
 
 @dataclass
 class LayerWeights:
-    """One llama layer as the compiled call takes it: quantized weights without biases (wqkv
-    stacks Q, K and V; gate_up the gate then the up weight) and float32 norm weights."""
+    """One layer as the compiled call takes it: quantized weights without biases (wqkv stacks Q,
+    K and V, or with wk and wv is Q alone; gate_up the gate then the up weight) and norm weights;
+    Gemma's per-head Q/K norms and post-attention / post-FFN norms where the layer has them."""
 
     wqkv: QWeight
     wo: QWeight
@@ -63,6 +69,24 @@ class LayerWeights:
     down: QWeight
     attn_norm: torch.Tensor
     ffn_norm: torch.Tensor
+    wk: QWeight | None = None
+    wv: QWeight | None = None
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    attn_post_norm: torch.Tensor | None = None
+    ffn_post_norm: torch.Tensor | None = None
+
+
+@dataclass
+class UBatchView:
+    """What the layers attending with one kind of cache share: rows [n] int64 the cache rows
+    (stream * n_cells + cell) of the ubatch's K/V, cs [n, n_rot / 2, 2] the rotation's (cos, sin),
+    mask [n_stream, n / n_stream, n_kv] additive float32 over the streams from `stream0`."""
+
+    rows: torch.Tensor
+    stream0: int
+    cs: torch.Tensor
+    mask: torch.Tensor
 
 
 @dataclass
@@ -88,17 +112,34 @@ class DecoderWeights:
         neox: bool,
         eps: float,
         scale: float,
+        view: Sequence[int] | None = None,
+        gelu: torch.Tensor | None = None,
     ) -> None:
-        self._norms = []
+        """`view[il]`: which of `run`'s ubatch views layer il attends with (all 0 by default);
+        `gelu`: the feed-forward is GELU-gated with this table (qmatmul.ffn_glu), else SwiGLU."""
+        self._keep: list[torch.Tensor] = []
+
+        def ptr(t: torch.Tensor | None) -> int | None:
+            if t is None:
+                return None
+            t = t.float().contiguous()
+            self._keep.append(t)
+            return t.data_ptr()
+
+        def desc(w: QWeight | None) -> int | None:
+            return w._desc_ptr if w is not None else None
+
         arr = (_Layer * len(layers))()
         for il, L in enumerate(layers):
-            an, fn = (w.float().contiguous() for w in (L.attn_norm, L.ffn_norm))
-            self._norms += [an, fn]
-            descs = (L.wqkv._desc_ptr, L.wo._desc_ptr, L.gate_up._desc_ptr, L.down._desc_ptr)
+            weights = (desc(w) for w in (L.wqkv, L.wk, L.wv, L.wo, L.gate_up, L.down))
+            norms = (L.attn_norm, L.ffn_norm, L.q_norm, L.k_norm, L.attn_post_norm, L.ffn_post_norm, gelu)
             arr[il] = _Layer(
-                *descs, an.data_ptr(), fn.data_ptr(), eps, scale,
+                *weights, *map(ptr, norms), eps, scale,
                 n_head[il], n_head_kv[il], head_dim_k, head_dim_v, n_rot, int(neox),
+                view[il] if view is not None else 0,
             )  # fmt: skip
+        self.view = list(view) if view is not None else [0] * len(layers)
+        self.n_view = 1 + max(self.view, default=0)
         self._layers = layers  # the QWeights own the descriptions the structs point to
         self._arr = arr
         self._base = ctypes.addressof(arr)
@@ -136,42 +177,41 @@ class DecoderWeights:
         return arr
 
     def run(
-        self,
-        x: torch.Tensor,
-        il0: int,
-        caches: Sequence[LayerCache],
-        rows: torch.Tensor,
-        stream0: int,
-        cs: torch.Tensor,
-        mask: torch.Tensor,
+        self, x: torch.Tensor, il0: int, caches: Sequence[LayerCache], views: Sequence[UBatchView]
     ) -> bool:
-        """x [n, n_embd] float32 through layers il0 .. il0 + len(caches) - 1 in place: rows [n]
-        int64 the cache rows (stream * n_cells + cell) of the ubatch's K/V, cs [n, n_rot / 2, 2]
-        the rotation's (cos, sin), mask [n_stream, n / n_stream, n_kv] additive float32 over the
-        streams from `stream0`. False (x untouched) where the call does not take these."""
+        """x [n, n_embd] float32 through layers il0 .. il0 + len(caches) - 1 in place, each layer
+        attending with its view (`UBatchView`; `views` holds all `n_view` of them). False (x
+        untouched) where the call does not take these."""
         lib = cpu_lib.lib()
         n = x.shape[0]
-        S, per, n_kv = mask.shape
-        if lib is None or per > attention_cpu.MAX_ROWS or S * per != n:
-            return False
-        if not 0 <= il0 <= self.n_layer - len(caches):
+        if lib is None or len(views) != self.n_view or not 0 <= il0 <= self.n_layer - len(caches):
             return False
         if x.dtype != torch.float32 or x.stride(1) != 1 or x.device.type != "cpu":
             return False
-        if mask.dtype != torch.float32 or not mask.is_contiguous() or mask.device.type != "cpu":
-            return False
-        if rows.dtype != torch.int64 or not rows.is_contiguous() or rows.shape != (n,):
-            return False
-        if cs.dtype != torch.float32 or cs.shape[0] != n or cs.stride(2) != 1 or cs.stride(1) != 2:
-            return False
         structs = self._cache_structs(caches)
-        if structs is None or any(c.k.shape[1] < n_kv or c.k.shape[0] < stream0 + S for c in caches):
+        if structs is None:
             return False
-        u = _UBatch(n, S, stream0, n_kv, rows.data_ptr(), cs.data_ptr(), cs.stride(0))
-        u.mask, u.sm_s, u.sm_i = mask.data_ptr(), per * n_kv, n_kv
+        ubs = (_UBatch * len(views))()
+        for u, v in enumerate(views):
+            mask, rows, cs = v.mask, v.rows, v.cs
+            S, per, n_kv = mask.shape
+            if per > attention_cpu.MAX_ROWS or S * per != n:
+                return False
+            if mask.dtype != torch.float32 or not mask.is_contiguous() or mask.device.type != "cpu":
+                return False
+            if rows.dtype != torch.int64 or not rows.is_contiguous() or rows.shape != (n,):
+                return False
+            if cs.dtype != torch.float32 or cs.shape[0] != n or cs.stride(2) != 1 or cs.stride(1) != 2:
+                return False
+            for il in range(il0, il0 + len(caches)):
+                c = caches[il - il0]
+                if self.view[il] == u and (c.k.shape[1] < n_kv or c.k.shape[0] < v.stream0 + S):
+                    return False
+            ubs[u] = _UBatch(n, S, v.stream0, n_kv, rows.data_ptr(), cs.data_ptr(), cs.stride(0))
+            ubs[u].mask, ubs[u].sm_s, ubs[u].sm_i = mask.data_ptr(), per * n_kv, n_kv
         layers, structs_p = self._base + il0 * ctypes.sizeof(_Layer), ctypes.addressof(structs)
-        u_p, x_p = ctypes.addressof(u), x.data_ptr()
-        rc = lib.kvl_llama_layers(layers, structs_p, len(caches), u_p, x_p, x.stride(0))
+        args = (ctypes.addressof(ubs), len(views), x.data_ptr(), x.stride(0))
+        rc = lib.kvl_layers(layers, structs_p, len(caches), *args)
         if rc != 0:
-            raise ValueError(f"decoder_cpu: bad call (x {tuple(x.shape)}, mask {tuple(mask.shape)})")
+            raise ValueError(f"decoder_cpu: bad call (x {tuple(x.shape)}, {len(views)} views)")
         return True

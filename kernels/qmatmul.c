@@ -755,48 +755,83 @@ int kvq_matmul_norm(const kvq_weight *w, const float *x, int64_t ldx, int64_t n,
     return matmul(w->type, w->ws, w->seg_rows, w->nseg, w->row_bytes, w->k, x, ldx, n, y, w->n_out, norm_w, eps);
 }
 
-/* silu(gate) * up over rows of [gate | up] (n_ff each), the hidden row overwriting the gate half:
- * items are the hidden elements, row by row. A task of the pool. */
+/* y = rms_norm(x) * norm_w @ W.T into rows `ldy` floats apart (a column block of a wider y). */
+int kvq_matmul_ld(const kvq_weight *w, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy,
+                  const float *norm_w, float eps) {
+    if (ldy < w->n_out) return -1;
+    return matmul(w->type, w->ws, w->seg_rows, w->nseg, w->row_bytes, w->k, x, ldx, n, y, ldy, norm_w, eps);
+}
+
+/* act(gate) * up over rows of [gate | up] (n_ff each), the hidden row overwriting the gate half:
+ * items are the hidden elements, row by row. act is silu, or with `gelu` ggml's CPU GELU: the
+ * gate rounded to a half and looked up in `gelu` (65536 floats, one per half's bits), except
+ * gate <= -10 -> 0 and gate >= 10 -> gate. A task of the pool. */
 typedef struct {
     float *g;
     int64_t n_ff;
-} swiglu_t;
+    const float *gelu;
+} glu_t;
 
+static float gelu_lookup(const float *table, float x) {
+    return x <= -10.0f ? 0.0f : x >= 10.0f ? x : table[float_to_half(x)];
+}
 
-static void swiglu_items(void *ctx, int64_t e0, int64_t e1) {
-    const swiglu_t *S = ctx;
+static void glu_items(void *ctx, int64_t e0, int64_t e1) {
+    const glu_t *S = ctx;
     for (int64_t e = e0; e < e1;) {
         const int64_t i = e / S->n_ff, j0 = e % S->n_ff;
         const int64_t j1 = S->n_ff < j0 + (e1 - e) ? S->n_ff : j0 + (e1 - e);
         float *gi = S->g + i * 2 * S->n_ff;
         int64_t j = j0;
+        if (S->gelu) {
 #ifdef KV_AVX2
-        for (; j + 8 <= j1; j += 8) {
-            const __m256 g = _mm256_loadu_ps(gi + j), u = _mm256_loadu_ps(gi + S->n_ff + j);
-            const __m256 den = _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), g)));
-            _mm256_storeu_ps(gi + j, _mm256_mul_ps(_mm256_div_ps(g, den), u));
-        }
+            const __m256 lo = _mm256_set1_ps(-10.0f), hi = _mm256_set1_ps(10.0f);
+            for (; j + 8 <= j1; j += 8) {
+                const __m256 g = _mm256_loadu_ps(gi + j), u = _mm256_loadu_ps(gi + S->n_ff + j);
+                const __m256i h = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(g, _MM_FROUND_TO_NEAREST_INT));
+                __m256 a = _mm256_i32gather_ps(S->gelu, h, 4);
+                a = _mm256_blendv_ps(a, g, _mm256_cmp_ps(g, hi, _CMP_GE_OQ));
+                a = _mm256_andnot_ps(_mm256_cmp_ps(g, lo, _CMP_LE_OQ), a);
+                _mm256_storeu_ps(gi + j, _mm256_mul_ps(a, u));
+            }
 #endif
-        for (; j < j1; j++) gi[j] = gi[j] / (1.0f + expf(-gi[j])) * gi[S->n_ff + j];
+            for (; j < j1; j++) gi[j] = gelu_lookup(S->gelu, gi[j]) * gi[S->n_ff + j];
+        } else {
+#ifdef KV_AVX2
+            for (; j + 8 <= j1; j += 8) {
+                const __m256 g = _mm256_loadu_ps(gi + j), u = _mm256_loadu_ps(gi + S->n_ff + j);
+                const __m256 den = _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), g)));
+                _mm256_storeu_ps(gi + j, _mm256_mul_ps(_mm256_div_ps(g, den), u));
+            }
+#endif
+            for (; j < j1; j++) gi[j] = gi[j] / (1.0f + expf(-gi[j])) * gi[S->n_ff + j];
+        }
         e += j1 - j0;
     }
 }
 
-/* A SwiGLU feed-forward in one call: y = down(silu(gate(x)) * up(x)), `gate_up` holding the gate
- * rows then the up rows (n_out 2 * n_ff), `down` taking n_ff columns; x is RMS-normed with
- * norm_w first unless norm_w is NULL. The hidden rows are quantized like any activation. */
-int kvq_ffn_swiglu(const kvq_weight *gate_up, const kvq_weight *down, const float *x, int64_t ldx, int64_t n,
-                   float *y, const float *norm_w, float eps) {
+/* A gated feed-forward in one call: y = down(act(gate(x)) * up(x)), `gate_up` holding the gate
+ * rows then the up rows (n_out 2 * n_ff), `down` taking n_ff columns; act is silu (SwiGLU), or
+ * ggml's CPU GELU with the table `gelu` (glu_items); x is RMS-normed with norm_w first unless
+ * norm_w is NULL. The hidden rows are quantized like any activation. */
+int kvq_ffn_glu(const kvq_weight *gate_up, const kvq_weight *down, const float *x, int64_t ldx, int64_t n,
+                float *y, const float *norm_w, float eps, const float *gelu) {
     const int64_t n_ff = gate_up->n_out / 2;
     if (gate_up->n_out % 2 || down->k != n_ff) return -1;
     float *g = malloc(sizeof(float) * (size_t)(n * gate_up->n_out));
     if (!g) return -1;
     int rc = kvq_matmul_norm(gate_up, x, ldx, n, g, norm_w, eps);
     if (rc == 0) {
-        swiglu_t S = {g, n_ff};
-        kv_parallel(swiglu_items, &S, n * n_ff, 8192); /* a row or two: not worth waking a thread */
+        glu_t S = {g, n_ff, gelu};
+        kv_parallel(glu_items, &S, n * n_ff, 8192); /* a row or two: not worth waking a thread */
         rc = kvq_matmul_w(down, g, gate_up->n_out, n, y);
     }
     free(g);
     return rc;
+}
+
+/* kvq_ffn_glu with silu. */
+int kvq_ffn_swiglu(const kvq_weight *gate_up, const kvq_weight *down, const float *x, int64_t ldx, int64_t n,
+                   float *y, const float *norm_w, float eps) {
+    return kvq_ffn_glu(gate_up, down, x, ldx, n, y, norm_w, eps, NULL);
 }

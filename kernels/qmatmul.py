@@ -130,24 +130,39 @@ def ffn_swiglu(
     lib: ctypes.CDLL | None = None,
     norm: tuple[torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
-    """down(silu(gate(x)) * up(x)) in one call, `gate_up` stacking the gate then the up weight,
+    """down(silu(gate(x)) * up(x)) in one call (`ffn_glu`). Spec: `ffn_swiglu_ref`."""
+    return ffn_glu(x, gate_up, down, lib, norm)
+
+
+def ffn_glu(
+    x: torch.Tensor,
+    gate_up: QWeight,
+    down: QWeight,
+    lib: ctypes.CDLL | None = None,
+    norm: tuple[torch.Tensor, float] | None = None,
+    gelu: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """down(act(gate(x)) * up(x)) in one call, `gate_up` stacking the gate then the up weight,
     x first RMS-normed and scaled by norm = (w, eps) if given; the hidden rows are quantized like
-    any activation. Spec: `ffn_swiglu_ref`."""
+    any activation. act is silu, or with `gelu` (float32 [65536], the activation of each half's
+    bits) the gate rounded to a half and looked up, except gate <= -10 -> 0, >= 10 -> gate
+    (ggml's CPU GELU: kvtool/models/layers.py's gelu_table)."""
     lib = lib or _lib()
     assert lib is not None
     if x.dim() != 2 or x.shape[1] != gate_up.k or gate_up.n_out != 2 * down.k:
-        raise ValueError(
-            f"ffn_swiglu: x {tuple(x.shape)}, gate/up {gate_up.n_out}x{gate_up.k}, down K {down.k}"
-        )
+        raise ValueError(f"ffn_glu: x {tuple(x.shape)}, gate/up {gate_up.n_out}x{gate_up.k}, down K {down.k}")
+    if gelu is not None and (gelu.dtype != torch.float32 or gelu.shape != (65536,) or gelu.stride(0) != 1):
+        raise ValueError("ffn_glu: the GELU table is 65536 contiguous float32 values")
     if x.dtype != torch.float32 or x.stride(-1) != 1:
         x = x.float().contiguous()
     y = torch.empty(x.shape[0], down.n_out)
     w = _norm_weight(norm[0], gate_up.k) if norm is not None else None
     args = (w.data_ptr() if w is not None else None, norm[1] if norm is not None else 0.0)
-    if lib.kvq_ffn_swiglu(
-        gate_up._desc_ptr, down._desc_ptr, x.data_ptr(), x.stride(0), x.shape[0], y.data_ptr(), *args
+    table = gelu.data_ptr() if gelu is not None else None
+    if lib.kvq_ffn_glu(
+        gate_up._desc_ptr, down._desc_ptr, x.data_ptr(), x.stride(0), x.shape[0], y.data_ptr(), *args, table
     ):
-        raise ValueError("ffn_swiglu: bad call")
+        raise ValueError("ffn_glu: bad call")
     return y
 
 

@@ -23,11 +23,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_half.h"
 #include "cpu_kernels.h"
-
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
 
 enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
 
@@ -44,26 +41,6 @@ KEEP_ROUNDING static void rope_row(float *x, int64_t n_head, int64_t hs, const f
             xh[ib] = as + bc;
         }
     }
-}
-
-static inline uint16_t float_to_half(float f) {
-#if defined(__F16C__)
-    return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
-#else
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    const uint32_t sign = (u >> 16) & 0x8000;
-    const uint32_t au = u & 0x7FFFFFFF;
-    if (au >= 0x7F800000) return (uint16_t)(sign | (au > 0x7F800000 ? 0x7E00 : 0x7C00)); /* NaN, inf */
-    if (au >= 0x477FF000) return (uint16_t)(sign | 0x7C00); /* rounds past the largest half */
-    if (au < 0x38800000) { /* a half subnormal (or zero): round |f| * 2^24 to an integer, ties to even */
-        float af;
-        memcpy(&af, &au, 4);
-        return (uint16_t)(sign | (uint32_t)nearbyintf(af * 16777216.0f));
-    }
-    const uint32_t mant = au + 0xFFF + ((au >> 13) & 1) - 0x38000000; /* rebias, round to nearest even */
-    return (uint16_t)(sign | (mant >> 13));
-#endif
 }
 
 static inline uint16_t float_to_bf16(float f) {

@@ -15,12 +15,14 @@ import torch
 
 from kvtool.batch import UBatch
 from kvtool.gguf_file import GGUFFile
+from kvtool.kernels.decoder_cpu import DecoderWeights, LayerWeights
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.kv_cells import SWAParams
 from kvtool.memory.spec import KVSpec
+from kvtool.models.compiled import compiled_layers, gate_up_pair, native, native_group
 from kvtool.models.hparams import HParams, SWAHParams, read_float
-from kvtool.models.layers import attend, geglu, rms_norm
+from kvtool.models.layers import attend, geglu, gelu_table, rms_norm
 from kvtool.models.linear import Embedding, Linear, LinearGroup, load_linear, output_linear
 from kvtool.models.rope import RopeParams, apply_rope
 
@@ -91,6 +93,9 @@ class Gemma3Model:
         head = hp.n_embd // hp.n_head if hp.n_layer == N_LAYER_27B else hp.head_dim_k
         self.q_scale = 1.0 / math.sqrt(head)
         self.embd_scale = math.sqrt(hp.n_embd)
+        # the compiled call's ubatch views: one per kind of layer present (global, sliding)
+        self._view_kinds = sorted({self.is_swa(il) for il in range(hp.n_layer)})
+        self.decoder = self._decoder_weights()
 
     def is_swa(self, il: int) -> bool:
         return self.swa is not None and il in self.swa.layers
@@ -118,7 +123,9 @@ class Gemma3Model:
         x = self.tok_embd(torch.from_numpy(ub.token)) * self.embd_scale  # [n, n_embd]
         pos = torch.from_numpy(ub.pos).to(x.device)
         rot_global, rot_swa = self.rope_global.rotation(pos), self.rope_swa.rotation(pos)
-        for il, L in enumerate(self.layers):
+        cs = [(rot_swa if swa else rot_global).cs for swa in self._view_kinds]
+        for il in range(compiled_layers(self.decoder, ub, mctx, x, cs), hp.n_layer):
+            L = self.layers[il]
             rope = self.rope(il)
             rot = rot_swa if self.is_swa(il) else rot_global
             h = rms_norm(x, L.attn_norm, hp.eps)
@@ -139,3 +146,32 @@ class Gemma3Model:
             c = self.final_logit_softcap
             logits = torch.tanh(logits / c) * c
         return logits
+
+    def _decoder_weights(self) -> DecoderWeights | None:
+        """The layers' description for the compiled decoder call (queries scaled inside the
+        attention, GELU by `gelu_table`), or None where a layer's weights are not all in the
+        compiled quantized kernel."""
+        hp = self.hp
+        parts = []
+        for L in self.layers:
+            qkv, wo, down = native_group(L.wqkv), native(L.wo), native(L.ffn_down)
+            gu = gate_up_pair(L.ffn_gate_up)
+            if qkv is None or len(qkv) not in (1, 3) or wo is None or gu is None or down is None:
+                return None
+            wk, wv = (qkv[1], qkv[2]) if len(qkv) == 3 else (None, None)
+            post = {"attn_post_norm": L.attn_post_norm, "ffn_post_norm": L.ffn_post_norm}
+            heads = {"q_norm": L.q_norm, "k_norm": L.k_norm}
+            parts.append(LayerWeights(qkv[0], wo, gu, down, L.attn_norm, L.ffn_norm, wk, wv, **heads, **post))
+        return DecoderWeights(
+            parts,
+            n_head=[hp.n_head] * hp.n_layer,
+            n_head_kv=hp.n_head_kv,
+            head_dim_k=hp.head_dim_k,
+            head_dim_v=hp.head_dim_v,
+            n_rot=hp.n_rot,
+            neox=True,
+            eps=hp.eps,
+            scale=self.q_scale,
+            view=[self._view_kinds.index(self.is_swa(il)) for il in range(hp.n_layer)],
+            gelu=gelu_table(),
+        )

@@ -10,7 +10,7 @@ from kvtool.kernels import rope_store_cpu
 from kvtool.kernels.attention import attention, attention_cells
 from kvtool.kernels.store_kv import store_kv
 from kvtool.memory.kv_cache_context import KVView
-from kvtool.models.linear import Linear, LinearGroup, swiglu_native
+from kvtool.models.linear import Linear, LinearGroup, glu_native, swiglu_native
 from kvtool.models.rope import RopeParams, Rotation, apply_rope
 
 
@@ -56,8 +56,26 @@ def gelu_ggml(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x <= -10.0, torch.zeros_like(x), torch.where(x >= 10.0, x, g))
 
 
+def gelu_table() -> torch.Tensor:
+    """`gelu_ggml` of every half, by its bits ([65536] float32; ±10 and beyond are the caller's):
+    the compiled feed-forward rounds the gate to a half and looks it up, as ggml does."""
+    global _GELU_TABLE
+    if _GELU_TABLE is None:
+        xh = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+        g = 0.5 * xh * (1.0 + torch.tanh(_SQRT_2_OVER_PI * xh * (1.0 + _GELU_COEF_A * xh * xh)))
+        _GELU_TABLE = g.to(torch.float16).float().contiguous()
+    return _GELU_TABLE
+
+
+_GELU_TABLE: torch.Tensor | None = None
+
+
 def geglu(x: torch.Tensor, gate_up: LinearGroup, down: Linear) -> torch.Tensor:
-    """down(gelu(gate(x)) * up(x)) with ggml's CPU GELU (llama.cpp's LLM_FFN_GELU + LLM_FFN_PAR)."""
+    """down(gelu(gate(x)) * up(x)) with ggml's CPU GELU (llama.cpp's LLM_FFN_GELU + LLM_FFN_PAR):
+    one call of the compiled kernel with `gelu_table` where it applies."""
+    y = glu_native(x, gate_up, down, gelu=gelu_table())
+    if y is not None:
+        return y
     gate, up = gate_up(x)
     return down(gelu_ggml(gate) * up)
 

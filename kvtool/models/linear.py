@@ -134,10 +134,21 @@ class QuantLinear:
 def swiglu_native(
     x: torch.Tensor, gate_up: LinearGroup, down: Linear, norm: tuple[torch.Tensor, float] | None = None
 ) -> torch.Tensor | None:
-    """down(silu(gate(x')) * up(x')) as one call of the compiled kernel, x' = x RMS-normed with
-    norm = (w, eps) if given, else x; None where it does not apply (more than QUANT_MAX_ROWS
-    rows of a format without the panel kernel, weights not in it, biases): then compute it op by
-    op."""
+    """down(silu(gate(x')) * up(x')) as one call of the compiled kernel (`glu_native`)."""
+    return glu_native(x, gate_up, down, norm)
+
+
+def glu_native(
+    x: torch.Tensor,
+    gate_up: LinearGroup,
+    down: Linear,
+    norm: tuple[torch.Tensor, float] | None = None,
+    gelu: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """down(act(gate(x')) * up(x')) as one call of the compiled kernel, x' = x RMS-normed with
+    norm = (w, eps) if given, else x; act silu, or with `gelu` ggml's CPU GELU by that table
+    (qmatmul.ffn_glu). None where it does not apply (more than QUANT_MAX_ROWS rows of a format
+    without the panel kernel, weights not in it, biases): then compute it op by op."""
     f, n = gate_up.fused, x.shape[0]
     if f is None or f.native is None or f.bias is not None or not f.computes_natively(n):
         return None
@@ -145,7 +156,7 @@ def swiglu_native(
         return None
     if not down.computes_natively(n) or len(gate_up.sizes) != 2 or gate_up.sizes[0] != gate_up.sizes[1]:
         return None
-    return qmatmul.ffn_swiglu(x, f.native, down.native, norm=norm)
+    return qmatmul.ffn_glu(x, f.native, down.native, norm=norm, gelu=gelu)
 
 
 def computes_natively(f: GGUFFile, weights: str, n_rows: int) -> bool:

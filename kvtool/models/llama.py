@@ -9,25 +9,15 @@ import torch
 
 from kvtool.batch import UBatch
 from kvtool.gguf_file import GGUFFile
-from kvtool.kernels.decoder_cpu import DecoderWeights, LayerCache, LayerWeights
-from kvtool.kernels.qmatmul import QWeight
+from kvtool.kernels.decoder_cpu import DecoderWeights, LayerWeights
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache import KVLayerSpec
-from kvtool.memory.kv_cache_context import KVView
 from kvtool.memory.spec import KVSpec
+from kvtool.models.compiled import compiled_layers, gate_up_pair, native, native_group
 from kvtool.models.hparams import HParams
 from kvtool.models.layers import rms_norm, rope_attend, swiglu_normed
-from kvtool.models.linear import (
-    QUANT_MAX_ROWS,
-    Embedding,
-    Linear,
-    LinearGroup,
-    QuantLinear,
-    linear_normed,
-    load_linear,
-    output_linear,
-)
-from kvtool.models.rope import RopeParams, Rotation, apply_rope
+from kvtool.models.linear import Embedding, Linear, LinearGroup, linear_normed, load_linear, output_linear
+from kvtool.models.rope import RopeParams, apply_rope
 
 
 @dataclass
@@ -92,7 +82,7 @@ class LlamaModel:
         x = self.tok_embd(torch.from_numpy(ub.token))  # [n, n_embd]
         rot = self.rope.rotation(torch.from_numpy(ub.pos).to(x.device))
         scale = 1.0 / math.sqrt(hp.head_dim_k)
-        for il in range(self._compiled_layers(ub, mctx, x, rot), hp.n_layer):
+        for il in range(compiled_layers(self.decoder, ub, mctx, x, [rot.cs]), hp.n_layer):
             L = self.layers[il]
             q, k, v = L.wqkv.normed(x, L.attn_norm, hp.eps, rms_norm)  # rows [n, heads * head_dim]
             a = rope_attend(mctx.layer_view(il), q, k, v, hp.head_dim_k, rot, self.rope, scale)
@@ -102,39 +92,17 @@ class LlamaModel:
             x += swiglu_normed(x, L.ffn_norm, hp.eps, L.ffn_gate_up, L.ffn_down)
         return linear_normed(self.output, x, self.output_norm, hp.eps, rms_norm)
 
-    def _compiled_layers(self, ub: UBatch, mctx: MemoryContext, x: torch.Tensor, rot: Rotation) -> int:
-        """Runs the first layers of a small ubatch in one compiled call where it applies (every
-        layer, or all but the last when only some rows are outputs: that one computes fewer
-        rows); returns how many it ran, 0 where it does not apply."""
-        n_layer = self.hp.n_layer
-        if self.decoder is None or ub.n_tokens > QUANT_MAX_ROWS or rot.cs is None:
-            return 0
-        n = n_layer if ub.output.all() else n_layer - 1
-        views = [mctx.layer_view(il) for il in range(n)]
-        v0 = views[0] if views else None
-        if not isinstance(v0, KVView) or v0.mask is None:
-            return 0
-        if any(v.rows is not v0.rows or v.mask is not v0.mask or v.streams != v0.streams for v in views):
-            return 0
-        caches = [LayerCache(v.k, v.v) for v in views]
-        return n if self.decoder.run(x, 0, caches, v0.rows, v0.streams.start, rot.cs, v0.mask.mask) else 0
-
 
 def _decoder_weights(layers: list[LlamaLayer], hp: HParams, rope: RopeParams) -> DecoderWeights | None:
     """The layers' description for the compiled decoder call, or None where a layer's weights
     are not all in the compiled quantized kernel without biases."""
-
-    def native(lin: Linear | None) -> QWeight | None:
-        return lin.native if isinstance(lin, QuantLinear) and lin.bias is None else None
-
     parts = []
     for L in layers:
-        qkv, wo, gu, down = (native(x) for x in (L.wqkv.fused, L.wo, L.ffn_gate_up.fused, L.ffn_down))
-        if qkv is None or wo is None or gu is None or down is None:
+        qkv, wo, down = native_group(L.wqkv), native(L.wo), native(L.ffn_down)
+        gu = gate_up_pair(L.ffn_gate_up)
+        if qkv is None or len(qkv) != 1 or wo is None or gu is None or down is None:
             return None
-        if len(L.ffn_gate_up.sizes) != 2 or L.ffn_gate_up.sizes[0] != L.ffn_gate_up.sizes[1]:
-            return None
-        parts.append(LayerWeights(qkv, wo, gu, down, L.attn_norm, L.ffn_norm))
+        parts.append(LayerWeights(qkv[0], wo, gu, down, L.attn_norm, L.ffn_norm))
     return DecoderWeights(
         parts,
         n_head=[hp.n_head] * hp.n_layer,

@@ -159,3 +159,20 @@ def test_rms_norm_on_the_way_in(lib: ctypes.CDLL, n: int) -> None:
         normed, [(gate, (n_ff, k)), (up, (n_ff, k))], (down, (k, n_ff)), (Q4_1, Q8_0)
     )
     torch.testing.assert_close(h, want, rtol=0, atol=0.01 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("n", [1, 3, 41])
+def test_gelu_ffn_is_the_op_by_op_geglu(lib: ctypes.CDLL, n: int) -> None:
+    """With the GELU table the feed-forward is Gemma's op-by-op geglu, bit for bit: the same
+    matmuls, and the lookup of the gate's half is gelu_ggml's value (±10 and past included)."""
+    from kvtool.models.layers import gelu_ggml, gelu_table
+
+    k, n_ff = 64, 96
+    gate, up, down = weight(Q5_0, n_ff, k, 1), weight(Q5_0, n_ff, k, 2), weight(Q8_0, k, n_ff, 3)
+    gate_up = qmatmul.QWeight([gate, up], Q5_0, [(n_ff, k), (n_ff, k)])
+    dw = qmatmul.QWeight([down], Q8_0, [(k, n_ff)])
+    x = torch.randn(n, k, generator=torch.Generator().manual_seed(n)) * 8  # gates past ±10 too
+    y = qmatmul.ffn_glu(x, gate_up, dw, lib, gelu=gelu_table())
+    g, u = gate_up(x, lib).split([n_ff, n_ff], dim=-1)
+    assert bool((g.abs() >= 10).any())
+    assert torch.equal(y, dw(gelu_ggml(g) * u, lib))

@@ -1,0 +1,70 @@
+"""A model forward's bridge to the compiled decoder call (kernels/decoder_cpu.py): which
+weights it takes, and running a small ubatch's first layers through it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kvtool.batch import UBatch
+from kvtool.kernels.decoder_cpu import DecoderWeights, LayerCache, UBatchView
+from kvtool.kernels.qmatmul import QWeight
+from kvtool.memory.base import MemoryContext
+from kvtool.memory.kv_cache_context import KVView
+from kvtool.models.linear import QUANT_MAX_ROWS, Linear, LinearGroup, QuantLinear
+
+
+def native(lin: Linear | None) -> QWeight | None:
+    """The weight of a layer the compiled kernel computes (quantized, no bias), else None."""
+    return lin.native if isinstance(lin, QuantLinear) and lin.bias is None else None
+
+
+def native_group(group: LinearGroup) -> list[QWeight] | None:
+    """A group's weights for the compiled call: [stacked] when fused, else one per part; None
+    where one is not in the kernel."""
+    if group.fused is not None:
+        w = native(group.fused)
+        return [w] if w is not None else None
+    parts = [native(p) for p in group.parts]
+    return [w for w in parts if w is not None] if all(w is not None for w in parts) else None
+
+
+def gate_up_pair(group: LinearGroup) -> QWeight | None:
+    """A feed-forward's gate and up weights stacked in one compiled weight of equal halves."""
+    if len(group.sizes) != 2 or group.sizes[0] != group.sizes[1]:
+        return None
+    return native(group.fused)
+
+
+def compiled_layers(
+    decoder: DecoderWeights | None,
+    ub: UBatch,
+    mctx: MemoryContext,
+    x: torch.Tensor,
+    cs: Sequence[torch.Tensor | None],
+) -> int:
+    """Runs the first layers of a small ubatch in one compiled call where it applies (every
+    layer, or all but the last when only some rows are outputs: that one computes fewer rows);
+    returns how many it ran, 0 where it does not apply. cs[u]: the rotation table of the layers
+    attending with view u (`DecoderWeights.view`)."""
+    if decoder is None or ub.n_tokens > QUANT_MAX_ROWS or any(c is None for c in cs):
+        return 0
+    n = decoder.n_layer if ub.output.all() else decoder.n_layer - 1
+    views = [mctx.layer_view(il) for il in range(n)]
+    first: dict[int, KVView] = {}
+    for il, v in enumerate(views):
+        if not isinstance(v, KVView) or v.mask is None:
+            return 0
+        f = first.setdefault(decoder.view[il], v)
+        if v.rows is not f.rows or v.mask is not f.mask or v.streams != f.streams:
+            return 0
+    if sorted(first) != list(range(decoder.n_view)) or len(cs) != decoder.n_view:
+        return 0
+    shared = []
+    for u in range(decoder.n_view):
+        v, c = first[u], cs[u]
+        assert v.mask is not None and c is not None
+        shared.append(UBatchView(v.rows, v.streams.start, c, v.mask.mask))
+    caches = [LayerCache(v.k, v.v) for v in views]
+    return n if decoder.run(x, 0, caches, shared) else 0
