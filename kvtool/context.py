@@ -136,7 +136,7 @@ class Context:
             )
         out_row = np.cumsum(alloc.output) - 1
         out_row[~alloc.output] = -1
-        logits = torch.empty(alloc.n_outputs, self.model.n_vocab)
+        parts: list[tuple[np.ndarray, torch.Tensor]] = []  # (output rows, their logits) per ubatch
         try:
             with torch.inference_mode():
                 while True:
@@ -144,9 +144,10 @@ class Context:
                     ub = mctx.ubatch
                     rows = self.model.forward(ub, mctx)
                     if ub.output.any():  # sampled on the CPU in float32 whatever the device
-                        logits[torch.from_numpy(out_row[ub.idx[ub.output]])] = rows.float().cpu()
+                        parts.append((out_row[ub.idx[ub.output]], rows.float().cpu()))
                     if not mctx.next():
                         break
+            logits = _in_batch_order(parts, alloc.n_outputs, self.model.n_vocab)
         except (MemoryError, torch.OutOfMemoryError) as e:
             self._rollback(alloc)
             raise DecodeError(f"compute failed: out of memory ({alloc.n_tokens} tokens)", -3) from e
@@ -268,3 +269,14 @@ class Context:
 
         data = files.read_file(path)
         return self.state_set_data(data) if seq is None else self.state_seq_set_data(data, seq)
+
+
+def _in_batch_order(parts: list[tuple[np.ndarray, torch.Tensor]], n: int, n_vocab: int) -> torch.Tensor:
+    """The ubatches' logits as [n, n_vocab] in batch order: one ubatch that already holds every
+    output in order is taken as it is (a batch of 32 Gemma 3 rows copied 34 MB a step)."""
+    if len(parts) == 1 and len(parts[0][0]) == n and np.array_equal(parts[0][0], np.arange(n)):
+        return parts[0][1]
+    logits = torch.empty(n, n_vocab)
+    for where, rows in parts:
+        logits[torch.from_numpy(where)] = rows
+    return logits

@@ -26,7 +26,11 @@ class Architecture(Protocol):
     """What the Model asks of an architecture's weights."""
 
     def memory_spec(self) -> MemorySpec: ...
-    def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor: ...
+
+    def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
+        """Logits [n_outputs, n_vocab] of the ubatch's output rows in row order, in a tensor
+        the architecture does not reuse (the context may keep it as the decode's logits)."""
+        ...
 
 
 ARCHITECTURES: dict[str, Callable[[GGUFFile, HParams, str], Architecture]] = {

@@ -180,3 +180,23 @@ def test_split_mode_rejects_a_token_shared_by_sequences(tiny_llama) -> None:  # 
     uni = Context(tiny_llama, ContextParams(n_ctx=512, n_seq_max=2, kv_unified=True))
     uni.decode(b)
     assert uni.memory.seq_pos_max(1) == 0
+
+
+def test_logits_of_one_ubatch_in_order_are_taken_without_a_copy(tiny_llama) -> None:  # type: ignore[no-untyped-def]
+    """A batch computed in one ubatch whose outputs come in batch order keeps the forward's
+    tensor; reordered (split streams) or several ubatches are gathered into batch order."""
+    from kvtool.context import _in_batch_order
+
+    rows = torch.randn(3, 5)
+    assert _in_batch_order([(np.arange(3), rows)], 3, 5) is rows
+    got = _in_batch_order([(np.array([2, 0, 1]), rows)], 3, 5)
+    assert torch.equal(got, rows[[1, 2, 0]])
+    got = _in_batch_order([(np.array([0]), rows[:1]), (np.array([1, 2]), rows[1:])], 3, 5)
+    assert torch.equal(got, rows)
+    ctx = fresh(tiny_llama, unified=False)
+    b = Batch()
+    for s in (2, 0, 1):  # sequences out of stream order: the ubatch orders them by sequence
+        b.add(5 + s, 0, (s,), True)
+    ctx.decode(b)
+    for i, s in enumerate((2, 0, 1)):
+        torch.testing.assert_close(ctx.logits()[i], alone(tiny_llama, [5 + s])[-1], rtol=1e-5, atol=1e-5)
