@@ -1,5 +1,5 @@
 """`python -m kvtool.commands` runs the CLI (what the `kvtool` console script calls)."""
 
-from kvtool.commands import main
+from kvtool.commands import console
 
-main()
+console()

@@ -1,0 +1,30 @@
+"""The process entry point (`kvtool`, `python -m kvtool.commands`): main's exit status and
+output, flushed, with the process ended without Python's teardown."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _kvtool(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "kvtool.commands", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_help_is_flushed_and_exits_0() -> None:
+    r = _kvtool("--help")
+    assert r.returncode == 0 and "run" in r.stdout and r.stdout.endswith("\n")
+
+
+def test_a_bad_flag_is_one_line_and_status_2() -> None:
+    r = _kvtool("--bogus")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--bogus" in r.stderr
+
+
+def test_a_one_shot_prints_everything_before_the_process_ends(tiny_llama_path: Path) -> None:
+    r = _kvtool("run", "-m", str(tiny_llama_path), "-p", "hello", "-n", "4", "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    assert "total time" in r.stderr  # the timings are the last lines written
+    assert r.stdout.strip()
