@@ -75,8 +75,9 @@ def main() -> None:
 
     argv = sys.argv[1:]
     try:
-        check_argv(typer.main.get_command(app), argv)
-        rc = app(args=argv, prog_name="kvtool", standalone_mode=False)
+        command = typer.main.get_command(app)  # built once (40 ms): checked, then run
+        check_argv(command, argv)
+        rc = command(args=argv, prog_name="kvtool", standalone_mode=False)
     except NoArgsIsHelpError as e:
         print(e.ctx.get_help() if e.ctx is not None else "", file=sys.stderr)
         sys.exit(2)
