@@ -5,42 +5,30 @@ ones the dense float32 path, which is exactly the f32 mode's; both against `weig
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import gguf
-import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
-from gguf.quants import quantize
 
 from kvtool import Batch, Context, ContextParams, Model
 from kvtool.kernels import cpu_lib, qmatmul
 from kvtool.models.linear import QUANT_MAX_ROWS, QuantLinear
 from kvtool.threads import compute_threads
 from tests.helpers import tiny_gguf
+from tests.helpers.decoder_script import count_runs, decode_script, expected_runs
+from tests.helpers.quantized import quantizing
 
 pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: the kernel is not built")
 
 
-class _QuantizingWriter(gguf.GGUFWriter):
-    def add_tensor(self, name: str, tensor: np.ndarray, *args: Any, **kwargs: Any) -> None:
-        if tensor.ndim == 2 and kwargs.get("raw_dtype") is None:
-            qtype = T.Q8_0 if name in ("token_embd.weight", "output.weight") else T.Q4_1
-            kwargs["raw_dtype"] = qtype
-            tensor = quantize(tensor, qtype)
-        super().add_tensor(name, tensor, *args, **kwargs)
+def _qtype(name: str) -> T:
+    return T.Q8_0 if name in ("token_embd.weight", "output.weight") else T.Q4_1
 
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = Path(tmp_path_factory.mktemp("q")) / "tiny-q4_1.gguf"
-    real = tiny_gguf.gguf.GGUFWriter
-    tiny_gguf.gguf.GGUFWriter = _QuantizingWriter  # type: ignore[misc]
-    try:
-        return tiny_gguf.write_tiny_llama(path)
-    finally:
-        tiny_gguf.gguf.GGUFWriter = real  # type: ignore[misc]
+    with quantizing(_qtype):
+        return tiny_gguf.write_tiny_llama(Path(tmp_path_factory.mktemp("q")) / "tiny-q4_1.gguf")
 
 
 def logits(model: Model, tokens: list[int], step: int) -> torch.Tensor:
@@ -77,29 +65,6 @@ def test_quantized_model_against_the_f32_mode(model_path: Path) -> None:
         torch.testing.assert_close(many, want, rtol=1e-5, atol=1e-5)
 
 
-def _decode_script(model: Model, kv_unified: bool, cache_type: str) -> list[torch.Tensor]:
-    """Prompts of 3 sequences (one longer than a compiled ubatch takes), then steps decoding a
-    token of every sequence in one batch, then two tokens of one; every batch's logits."""
-    p = ContextParams(n_ctx=256, n_seq_max=4, kv_unified=kv_unified, type_k=cache_type, type_v=cache_type)
-    ctx = Context(model, p)
-    out = []
-
-    def decode(rows: list[tuple[int, int, int, bool]]) -> None:
-        b = Batch()
-        for tok, pos, seq, want in rows:
-            b.add(tok, pos, (seq,), want)
-        ctx.decode(b)
-        out.append(ctx.logits().clone())
-
-    lens = [20, 5, 3]
-    for s, n in enumerate(lens):
-        decode([(7 + (s * 5 + i) % 200, i, s, i >= n - 2) for i in range(n)])
-    for step in range(4):
-        decode([(30 + step * 3 + s, lens[s] + step, s, True) for s in range(3)])
-    decode([(9, lens[1] + 4, 1, False), (10, lens[1] + 5, 1, True)])
-    return out
-
-
 @pytest.mark.parametrize("kv_unified", [False, True])
 @pytest.mark.parametrize("cache_type", ["f32", "f16", "bf16"])
 def test_compiled_decoder_layers_give_the_op_by_op_bits(
@@ -111,22 +76,11 @@ def test_compiled_decoder_layers_give_the_op_by_op_bits(
     model = Model(model_path)
     dec = model.impl.decoder
     assert dec is not None
-    ran: list[tuple[int, int]] = []
-    run = dec.run
-
-    def counted(x: torch.Tensor, il0: int, caches: list[Any], *args: Any) -> bool:
-        done = run(x, il0, caches, *args)
-        ran.append((x.shape[0], len(caches) if done else 0))
-        return done
-
-    dec.run = counted  # type: ignore[method-assign]
-    compiled = _decode_script(model, kv_unified, cache_type)
+    ran = count_runs(dec)
+    compiled = decode_script(model, kv_unified, cache_type)
     model.impl.decoder = None
-    op_by_op = _decode_script(model, kv_unified, cache_type)
-    n_layer = model.hparams.n_layer
-    # the 20-row prompt is more rows of a stream than the kernel takes; the others ran compiled,
-    # all layers where every row is an output, all but the last where some are not
-    assert ran == [(20, 0), (5, n_layer - 1), (3, n_layer - 1)] + [(3, n_layer)] * 4 + [(2, n_layer - 1)]
+    op_by_op = decode_script(model, kv_unified, cache_type)
+    assert ran == expected_runs(model.hparams.n_layer)
     for a, b in zip(compiled, op_by_op, strict=True):
         assert torch.equal(a, b)
 
@@ -138,12 +92,12 @@ def test_compiled_decoder_layers_across_contexts_of_other_shapes(model_path: Pat
     dec = model.impl.decoder
     compiled = []
     for kv_unified, cache_type in [(False, "f32"), (True, "f16"), (False, "bf16"), (False, "f32")]:
-        compiled.append(_decode_script(model, kv_unified, cache_type))
+        compiled.append(decode_script(model, kv_unified, cache_type))
     model.impl.decoder = None
     for (kv_unified, cache_type), got in zip(
         [(False, "f32"), (True, "f16"), (False, "bf16"), (False, "f32")], compiled, strict=True
     ):
-        want = _decode_script(model, kv_unified, cache_type)
+        want = decode_script(model, kv_unified, cache_type)
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     assert dec is not None and dec._caches  # the compiled call ran
 
@@ -161,8 +115,8 @@ def test_compiled_decoder_layers_in_the_portable_build(
     model = Model(model_path)
     dec = model.impl.decoder
     monkeypatch.setattr(cpu_lib, "lib", lambda: portable)
-    compiled = _decode_script(model, False, "f16")
+    compiled = decode_script(model, False, "f16")
     model.impl.decoder = None
-    op_by_op = _decode_script(model, False, "f16")
+    op_by_op = decode_script(model, False, "f16")
     assert dec is not None and dec._caches  # the compiled call ran
     assert all(torch.equal(a, b) for a, b in zip(compiled, op_by_op, strict=True))
