@@ -8,10 +8,11 @@ from collections.abc import Sequence
 import torch
 
 from kvtool.batch import UBatch
-from kvtool.kernels.decoder_cpu import DecoderWeights, LayerCache, UBatchView
+from kvtool.kernels.decoder_cpu import DecoderWeights, LayerCache, LayerWeights, UBatchView
 from kvtool.kernels.qmatmul import QWeight
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache_context import KVView
+from kvtool.models.hparams import HParams
 from kvtool.models.linear import QUANT_MAX_ROWS, Linear, LinearGroup, QuantLinear
 
 
@@ -35,6 +36,32 @@ def gate_up_pair(group: LinearGroup) -> QWeight | None:
     if len(group.sizes) != 2 or group.sizes[0] != group.sizes[1]:
         return None
     return native(group.fused)
+
+
+def decoder_weights(
+    parts: Sequence[LayerWeights],
+    hp: HParams,
+    *,
+    n_rot: int,
+    neox: bool,
+    scale: float,
+    view: Sequence[int] | None = None,
+    gelu: torch.Tensor | None = None,
+) -> DecoderWeights:
+    """The compiled call's description of a model's layers, with the shapes `hp` gives."""
+    return DecoderWeights(
+        parts,
+        n_head=[hp.n_head] * hp.n_layer,
+        n_head_kv=hp.n_head_kv,
+        head_dim_k=hp.head_dim_k,
+        head_dim_v=hp.head_dim_v,
+        n_rot=n_rot,
+        neox=neox,
+        eps=hp.eps,
+        scale=scale,
+        view=view,
+        gelu=gelu,
+    )
 
 
 def compiled_layers(

@@ -20,7 +20,7 @@ from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.kv_cells import SWAParams
 from kvtool.memory.spec import KVSpec
-from kvtool.models.compiled import compiled_layers, gate_up_pair, native, native_group
+from kvtool.models.compiled import compiled_layers, decoder_weights, gate_up_pair, native, native_group
 from kvtool.models.hparams import HParams, SWAHParams, read_float
 from kvtool.models.layers import attend, geglu, gelu_table, rms_norm
 from kvtool.models.linear import Embedding, Linear, LinearGroup, load_linear, output_linear
@@ -162,16 +162,7 @@ class Gemma3Model:
             post = {"attn_post_norm": L.attn_post_norm, "ffn_post_norm": L.ffn_post_norm}
             heads = {"q_norm": L.q_norm, "k_norm": L.k_norm}
             parts.append(LayerWeights(qkv[0], wo, gu, down, L.attn_norm, L.ffn_norm, wk, wv, **heads, **post))
-        return DecoderWeights(
-            parts,
-            n_head=[hp.n_head] * hp.n_layer,
-            n_head_kv=hp.n_head_kv,
-            head_dim_k=hp.head_dim_k,
-            head_dim_v=hp.head_dim_v,
-            n_rot=hp.n_rot,
-            neox=True,
-            eps=hp.eps,
-            scale=self.q_scale,
-            view=[self._view_kinds.index(self.is_swa(il)) for il in range(hp.n_layer)],
-            gelu=gelu_table(),
+        view = [self._view_kinds.index(self.is_swa(il)) for il in range(hp.n_layer)]
+        return decoder_weights(
+            parts, hp, n_rot=hp.n_rot, neox=True, scale=self.q_scale, view=view, gelu=gelu_table()
         )

@@ -13,7 +13,7 @@ from kvtool.kernels.decoder_cpu import DecoderWeights, LayerWeights
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.spec import KVSpec
-from kvtool.models.compiled import compiled_layers, gate_up_pair, native, native_group
+from kvtool.models.compiled import compiled_layers, decoder_weights, gate_up_pair, native, native_group
 from kvtool.models.hparams import HParams
 from kvtool.models.layers import rms_norm, rope_attend, swiglu_normed
 from kvtool.models.linear import Embedding, Linear, LinearGroup, linear_normed, load_linear, output_linear
@@ -103,14 +103,4 @@ def _decoder_weights(layers: list[LlamaLayer], hp: HParams, rope: RopeParams) ->
         if qkv is None or len(qkv) != 1 or wo is None or gu is None or down is None:
             return None
         parts.append(LayerWeights(qkv[0], wo, gu, down, L.attn_norm, L.ffn_norm))
-    return DecoderWeights(
-        parts,
-        n_head=[hp.n_head] * hp.n_layer,
-        n_head_kv=hp.n_head_kv,
-        head_dim_k=hp.head_dim_k,
-        head_dim_v=hp.head_dim_v,
-        n_rot=rope.n_rot,
-        neox=rope.neox,
-        eps=hp.eps,
-        scale=1.0 / math.sqrt(hp.head_dim_k),
-    )
+    return decoder_weights(parts, hp, n_rot=rope.n_rot, neox=rope.neox, scale=1.0 / math.sqrt(hp.head_dim_k))
