@@ -21,8 +21,6 @@ int kvq_matmul_ld(const kvq_weight *w, const float *x, int64_t ldx, int64_t n, f
                   const float *norm_w, float eps);
 int kvq_ffn_glu(const kvq_weight *gate_up, const kvq_weight *down, const float *x, int64_t ldx, int64_t n,
                 float *y, const float *norm_w, float eps, const float *gelu);
-int kvq_ffn_swiglu(const kvq_weight *gate_up, const kvq_weight *down, const float *x, int64_t ldx, int64_t n,
-                   float *y, const float *norm_w, float eps);
 
 int kvr_rope_store(float *q, int64_t ldq, int64_t n_head, float *k, int64_t ldk, int64_t n_head_kv, int64_t hd,
                    const float *v, int64_t ldv, int64_t width_v, int64_t n, const float *cs, int64_t ldcs,

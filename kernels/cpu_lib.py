@@ -93,8 +93,6 @@ def load(path: Path) -> ctypes.CDLL | None:
         lib.kvq_matmul_w.restype = ctypes.c_int
         lib.kvq_matmul_norm.argtypes = [ctypes.c_void_p, ptr, i64, i64, ptr, ptr, ctypes.c_float]
         lib.kvq_matmul_norm.restype = ctypes.c_int
-        lib.kvq_ffn_swiglu.argtypes = [ptr, ptr, ptr, i64, i64, ptr, ptr, ctypes.c_float]
-        lib.kvq_ffn_swiglu.restype = ctypes.c_int
         lib.kvq_ffn_glu.argtypes = [ptr, ptr, ptr, i64, i64, ptr, ptr, ctypes.c_float, ptr]
         lib.kvq_ffn_glu.restype = ctypes.c_int
         lib.kvr_rope_store.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, ptr, i64, i64, i64, ptr, i64, i64]

@@ -10,10 +10,10 @@
  * calls between kernels cost more from Python than the kernels themselves; here there are none.
  * kernels/decoder_cpu.py builds the structs. */
 
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "cpu_half.h"
 #include "cpu_kernels.h"
 
 /* One layer's weights and shape. */
@@ -52,25 +52,17 @@ typedef struct {
     int64_t sm_s, sm_i;
 } kvl_ubatch;
 
-/* y = x * w / sqrt(mean(x^2) + eps) over n elements (the sum of squares in double, as ggml). */
-static void rms_norm(const float *x, int64_t n, const float *w, float eps, float *y) {
-    double ss = 0.0;
-    for (int64_t j = 0; j < n; j++) ss += (double)x[j] * x[j];
-    const float scale = 1.0f / sqrtf((float)(ss / (double)n) + eps);
-    for (int64_t j = 0; j < n; j++) y[j] = (x[j] * scale) * w[j];
-}
-
 /* Each of `heads` heads of hd floats in each of n rows (ld floats apart) RMS-normed in place. */
 static void norm_heads(float *x, int64_t ld, int64_t n, int64_t heads, int64_t hd, const float *w, float eps) {
     for (int64_t i = 0; i < n; i++)
-        for (int64_t h = 0; h < heads; h++) rms_norm(x + i * ld + h * hd, hd, w, eps, x + i * ld + h * hd);
+        for (int64_t h = 0; h < heads; h++) rms_norm_row(x + i * ld + h * hd, hd, w, eps, x + i * ld + h * hd);
 }
 
 /* x += y (normed with w first unless w is NULL), row by row; y is overwritten. */
 static void residual(float *x, int64_t ldx, float *y, int64_t n, int64_t n_embd, const float *w, float eps) {
     for (int64_t i = 0; i < n; i++) {
         float *yi = y + i * n_embd;
-        if (w) rms_norm(yi, n_embd, w, eps, yi);
+        if (w) rms_norm_row(yi, n_embd, w, eps, yi);
         for (int64_t j = 0; j < n_embd; j++) x[i * ldx + j] += yi[j];
     }
 }
@@ -81,14 +73,10 @@ static int layer(const kvl_layer *L, const kvl_cache *C, const kvl_ubatch *U, fl
     const int64_t wq = L->n_head * L->hd_k, wk = L->n_head_kv * L->hd_k, wv = L->n_head_kv * L->hd_v;
     const int64_t ldqkv = wq + wk + wv;
     const int es = C->type == 0 ? 4 : 2;
-    int rc;
-    if (L->wk) {
-        rc = kvq_matmul_ld(L->wqkv, x, ldx, n, qkv, ldqkv, L->attn_norm, L->eps);
-        if (rc == 0) rc = kvq_matmul_ld(L->wk, x, ldx, n, qkv + wq, ldqkv, L->attn_norm, L->eps);
-        if (rc == 0) rc = kvq_matmul_ld(L->wv, x, ldx, n, qkv + wq + wk, ldqkv, L->attn_norm, L->eps);
-    } else {
-        rc = kvq_matmul_norm(L->wqkv, x, ldx, n, qkv, L->attn_norm, L->eps);
-    }
+    /* Q|K|V stacked, or Q, K and V apart (each call norms x on its way in: 3 norms of one row) */
+    int rc = kvq_matmul_ld(L->wqkv, x, ldx, n, qkv, ldqkv, L->attn_norm, L->eps);
+    if (rc == 0 && L->wk) rc = kvq_matmul_ld(L->wk, x, ldx, n, qkv + wq, ldqkv, L->attn_norm, L->eps);
+    if (rc == 0 && L->wk) rc = kvq_matmul_ld(L->wv, x, ldx, n, qkv + wq + wk, ldqkv, L->attn_norm, L->eps);
     if (rc) return rc;
     if (L->q_norm) norm_heads(qkv, ldqkv, n, L->n_head, L->hd_k, L->q_norm, L->eps);
     if (L->k_norm) norm_heads(qkv + wq, ldqkv, n, L->n_head_kv, L->hd_k, L->k_norm, L->eps);

@@ -652,12 +652,8 @@ static void quantize_rows(void *ctx, int64_t i0, int64_t i1) {
     }
     for (int64_t i = i0; i < i1; i++) {
         const float *xi = Q->x + i * Q->ldx;
-        if (normed) { /* RMS norm as ggml computes it: the sum of squares in double, then x * scale * w */
-            double ss = 0.0;
-            for (int64_t j = 0; j < k; j++) ss += (double)xi[j] * xi[j];
-            const float mean = (float)(ss / (double)k);
-            const float scale = 1.0f / sqrtf(mean + Q->eps);
-            for (int64_t j = 0; j < k; j++) normed[j] = (xi[j] * scale) * Q->norm_w[j];
+        if (normed) {
+            rms_norm_row(xi, k, Q->norm_w, Q->eps, normed);
             xi = normed;
         }
         quantize_row(xi, k, Q->qx + i * k, Q->dx + i * nu, Q->sx + i * nu);
@@ -828,10 +824,4 @@ int kvq_ffn_glu(const kvq_weight *gate_up, const kvq_weight *down, const float *
     }
     free(g);
     return rc;
-}
-
-/* kvq_ffn_glu with silu. */
-int kvq_ffn_swiglu(const kvq_weight *gate_up, const kvq_weight *down, const float *x, int64_t ldx, int64_t n,
-                   float *y, const float *norm_w, float eps) {
-    return kvq_ffn_glu(gate_up, down, x, ldx, n, y, norm_w, eps, NULL);
 }

@@ -123,17 +123,6 @@ def _norm_weight(w: torch.Tensor, k: int) -> torch.Tensor:
     return w
 
 
-def ffn_swiglu(
-    x: torch.Tensor,
-    gate_up: QWeight,
-    down: QWeight,
-    lib: ctypes.CDLL | None = None,
-    norm: tuple[torch.Tensor, float] | None = None,
-) -> torch.Tensor:
-    """down(silu(gate(x)) * up(x)) in one call (`ffn_glu`). Spec: `ffn_swiglu_ref`."""
-    return ffn_glu(x, gate_up, down, lib, norm)
-
-
 def ffn_glu(
     x: torch.Tensor,
     gate_up: QWeight,
@@ -202,7 +191,7 @@ def ffn_swiglu_ref(
     down: tuple[torch.Tensor, tuple[int, int]],
     qtypes: tuple[int, int],
 ) -> torch.Tensor:
-    """The specification of `ffn_swiglu`: raw (bytes, shape) of gate, up and down, their types."""
+    """The specification of `ffn_glu` with silu: raw (bytes, shape) of gate, up and down, their types."""
     (g_raw, g_shape), (u_raw, u_shape) = gate_up
     g = qmatmul_ref(x, g_raw, qtypes[0], g_shape)
     u = qmatmul_ref(x, u_raw, qtypes[0], u_shape)

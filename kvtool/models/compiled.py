@@ -27,8 +27,8 @@ def native_group(group: LinearGroup) -> list[QWeight] | None:
     if group.fused is not None:
         w = native(group.fused)
         return [w] if w is not None else None
-    parts = [native(p) for p in group.parts]
-    return [w for w in parts if w is not None] if all(w is not None for w in parts) else None
+    parts = [w for p in group.parts if (w := native(p)) is not None]
+    return parts if len(parts) == len(group.parts) else None
 
 
 def gate_up_pair(group: LinearGroup) -> QWeight | None:

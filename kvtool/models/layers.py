@@ -10,7 +10,7 @@ from kvtool.kernels import rope_store_cpu
 from kvtool.kernels.attention import attention, attention_cells
 from kvtool.kernels.store_kv import store_kv
 from kvtool.memory.kv_cache_context import KVView
-from kvtool.models.linear import Linear, LinearGroup, glu_native, swiglu_native
+from kvtool.models.linear import Linear, LinearGroup, glu_native
 from kvtool.models.rope import RopeParams, Rotation, apply_rope
 
 
@@ -26,7 +26,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tenso
 
 def swiglu(x: torch.Tensor, gate_up: LinearGroup, down: Linear) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)); one call of the compiled kernel where it applies."""
-    y = swiglu_native(x, gate_up, down)
+    y = glu_native(x, gate_up, down)
     if y is not None:
         return y
     gate, up = gate_up(x)
@@ -37,7 +37,7 @@ def swiglu_normed(
     x: torch.Tensor, w: torch.Tensor, eps: float, gate_up: LinearGroup, down: Linear
 ) -> torch.Tensor:
     """swiglu(rms_norm(x, w, eps)), the norm inside the compiled call where that applies."""
-    y = swiglu_native(x, gate_up, down, norm=(w, eps))
+    y = glu_native(x, gate_up, down, norm=(w, eps))
     return y if y is not None else swiglu(rms_norm(x, w, eps), gate_up, down)
 
 

@@ -131,13 +131,6 @@ class QuantLinear:
         return y + self.bias if self.bias is not None else y
 
 
-def swiglu_native(
-    x: torch.Tensor, gate_up: LinearGroup, down: Linear, norm: tuple[torch.Tensor, float] | None = None
-) -> torch.Tensor | None:
-    """down(silu(gate(x')) * up(x')) as one call of the compiled kernel (`glu_native`)."""
-    return glu_native(x, gate_up, down, norm)
-
-
 def glu_native(
     x: torch.Tensor,
     gate_up: LinearGroup,

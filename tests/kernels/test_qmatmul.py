@@ -133,7 +133,7 @@ def test_swiglu_ffn_matches_the_specification(lib: ctypes.CDLL, n: int) -> None:
     gate, up, down = weight(Q4_1, n_ff, k, 1), weight(Q4_1, n_ff, k, 2), weight(Q8_0, k, n_ff, 3)
     gate_up = qmatmul.QWeight([gate, up], Q4_1, [(n_ff, k), (n_ff, k)])
     x = torch.randn(n, k, generator=torch.Generator().manual_seed(n))
-    y = qmatmul.ffn_swiglu(x, gate_up, qmatmul.QWeight([down], Q8_0, [(k, n_ff)]), lib)
+    y = qmatmul.ffn_glu(x, gate_up, qmatmul.QWeight([down], Q8_0, [(k, n_ff)]), lib)
     want = qmatmul.ffn_swiglu_ref(x, [(gate, (n_ff, k)), (up, (n_ff, k))], (down, (k, n_ff)), (Q4_1, Q8_0))
     # silu's last bit (expf here, torch's own exp there) can move a hidden value across a rounding
     # boundary of its 8-bit quantization: one quantum of one element, well under 1 % of the output
@@ -154,7 +154,7 @@ def test_rms_norm_on_the_way_in(lib: ctypes.CDLL, n: int) -> None:
     torch.testing.assert_close(y, want, rtol=0, atol=0.01 * float(want.abs().max()))
     gate, up, down = weight(Q4_1, n_ff, k, 1), weight(Q4_1, n_ff, k, 2), weight(Q8_0, k, n_ff, 3)
     gate_up = qmatmul.QWeight([gate, up], Q4_1, [(n_ff, k), (n_ff, k)])
-    h = qmatmul.ffn_swiglu(x, gate_up, qmatmul.QWeight([down], Q8_0, [(k, n_ff)]), lib, norm=(w, 1e-5))
+    h = qmatmul.ffn_glu(x, gate_up, qmatmul.QWeight([down], Q8_0, [(k, n_ff)]), lib, norm=(w, 1e-5))
     want = qmatmul.ffn_swiglu_ref(
         normed, [(gate, (n_ff, k)), (up, (n_ff, k))], (down, (k, n_ff)), (Q4_1, Q8_0)
     )
