@@ -7,9 +7,9 @@ PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0
 MODEL  ?= smollm2
 
-.PHONY: install run test lint clean
+.PHONY: install bytecode run test lint clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed bytecode
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --quiet $(TORCH)
 	$(PIP) install --quiet -e '.[dev]'
 	touch $@
+
+# pip writes bytecode for what it installs, but an editable install leaves kvtool's own modules as
+# source; with PYTHONDONTWRITEBYTECODE set, every start would compile them again.
+bytecode: $(VENV)/.installed
+	$(PY) -m compileall -q kvtool commands kernels
 
 run: install
 	$(VENV)/bin/kvtool models fetch $(MODEL)
@@ -30,3 +35,4 @@ lint: install
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info
+	find kvtool commands kernels tests -name __pycache__ -prune -exec rm -rf {} +
