@@ -31,7 +31,7 @@ test: install
 	$(PY) -m pytest -q
 
 lint: install
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy commands kvtool kernels
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

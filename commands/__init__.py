@@ -12,7 +12,7 @@ import typer
 try:  # typer >= 0.20 carries its own click
     from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
 except ImportError:  # pragma: no cover - older typer on the system click
-    from click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+    from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # type: ignore[assignment]
 
 from kvtool import KvtoolError
 

@@ -111,7 +111,7 @@ def bench(
             raise typer.BadParameter("md, csv, json or jsonl", param_hint=flag)
     models = [x for m in (model or [kvtool.DEFAULT_MODEL]) for x in m.split(",") if x]
     pp, tg, pg = _ints(n_prompt or ["512"], "-p"), _ints(n_gen or ["128"], "-n"), _pairs(n_pg or [])
-    axes = {
+    axes: dict[str, list[int] | list[str]] = {
         "n_batch": _ints(n_batch or ["2048"], "-b", 1),
         "n_ubatch": _ints(n_ubatch or ["512"], "-ub", 1),
         "type_k": [t for x in type_k or ["f32"] for t in x.split(",")],

@@ -268,18 +268,26 @@ class FetchBar:
 
 
 def load_model_with_status(
-    name_or_path: str, console: Console, device: str = "cpu", weights: str = "auto"
+    name_or_path: str,
+    console: Console,
+    device: str = "cpu",
+    weights: str = "auto",
+    threads: int | None = None,
 ) -> kvtool.Model:
     """Resolves (fetching a known model if needed, with progress) and loads onto `device`
-    (`device_setting`), with a spinner. A device torch cannot use is refused first."""
+    (`device_setting`) with `threads` set, under a spinner. A GPU torch cannot use is refused
+    before any fetch; the CPU needs no check, so a missing model file is refused before torch
+    is imported (a second or more of every start)."""
     check_weights(weights)
-    kvtool.resolve_device(device)
+    if device != "cpu":
+        kvtool.resolve_device(device)
     bar = FetchBar(console, name_or_path)
     try:
         path = kvtool.resolve_model(name_or_path, progress=bar)
     finally:
         bar.close()
     with timed_status(console, f"loading {path.name}"):  # the load is part of a first token's wait
+        kvtool.set_n_threads(threads)
         return kvtool.Model(path, weights=weights, device=device)
 
 
@@ -291,7 +299,6 @@ def load_model(
     weights: str,
     threads: int | None,
 ) -> kvtool.Model:
-    """What -t, -m, -dev/-ngl and --weights ask for: the threads set, then the model loaded
-    (`load_model_with_status`, progress on `console`) onto the device `device_setting` picks."""
-    kvtool.set_n_threads(threads)
-    return load_model_with_status(model, console, device_setting(device, n_gpu_layers), weights)
+    """What -m, -dev/-ngl, --weights and -t ask for: the model loaded (`load_model_with_status`,
+    progress on `console`) onto the device `device_setting` picks, with the threads set."""
+    return load_model_with_status(model, console, device_setting(device, n_gpu_layers), weights, threads)

@@ -4,6 +4,7 @@ spent on holes), and the cell map (which sequence holds each cell, over time).""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -16,8 +17,10 @@ TAIL = (0.15, 0.15, 0.15)  # allocated page cells that hold no token
 def _rgb(cell_map: np.ndarray) -> np.ndarray:
     """[cells, time, 3]: a colour per sequence (20, cycling), white when free, dark for page tails."""
     from matplotlib import colormaps
+    from matplotlib.colors import ListedColormap
 
-    pal = np.array(colormaps["tab20"].colors)[[0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 1, 3, 5, 7, 9, 11, 13, 15]]
+    tab20 = cast(ListedColormap, colormaps["tab20"])  # a fixed list of 20 colours
+    pal = np.array(tab20.colors)[[0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 1, 3, 5, 7, 9, 11, 13, 15]]
     m = cell_map.T  # [cells, time]
     out = np.empty((*m.shape, 3))
     out[:] = FREE

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from kvtool.commands.defrag_sim.policies import CellStream, Policy
 from kvtool.commands.defrag_sim.series import Series, Stats
 from kvtool.commands.defrag_sim.workload import Copy, Decode, Free, Op, Run, Workload
 
-Stream = CellStream | PagedStream
+Stream: TypeAlias = CellStream | PagedStream
 
 
 @dataclass(frozen=True)

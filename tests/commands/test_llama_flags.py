@@ -30,6 +30,22 @@ def test_help_answers_without_importing_torch(args: list[str]) -> None:
     assert r.stdout.strip().splitlines()[-1] == "RC 0 False False"
 
 
+def test_a_missing_model_is_refused_before_torch_loads(tmp_path: Path) -> None:
+    """A typo in `run -m` costs the CLI's start, not torch's import on top."""
+    args = ["run", "-m", str(tmp_path / "missing.gguf"), "-p", "hi"]
+    code = (
+        "import sys\n"
+        f"sys.argv = ['kvtool', *{args!r}]\n"
+        "from kvtool.commands import main\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    rc = e.code\n"
+        "print('RC', rc, 'torch' in sys.modules)\n"
+    )
+    cmd = [sys.executable, "-c", code]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert "missing.gguf" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "RC 2 False"
+
+
 def test_version_names_kvtool_torch_and_the_device() -> None:
     from importlib import metadata
 
