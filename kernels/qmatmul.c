@@ -184,9 +184,9 @@ static inline int unit_dot_scalar(const wfmt *f, const uint8_t *w, int64_t u, co
 /* ---------------------------------------------------------------- AVX2 dot products */
 #ifdef KV_AVX2
 static inline __m256i nibbles32(const uint8_t *p) { /* 16 bytes -> 32 values, low nibbles first */
-    const __m128i v = _mm_loadu_si128((const __m128i *)p);
-    const __m128i m = _mm_set1_epi8(0xF);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+    /* the 16 bytes in both lanes, the upper lane shifted down a nibble: three instructions */
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0xF));
 }
 
 /* 32 bits -> 32 bytes: byte j is 0xFF where bit j is set. */
@@ -215,7 +215,10 @@ static inline __m256i block_values(int type, const uint8_t *row, int64_t u, floa
     }
     if (type == T_Q4_1) {
         const uint8_t *b = row + u * 20;
-        *d = load_half(b), *m = load_half(b + 2);
+        int32_t dm; /* d and m: two halves converted in one instruction */
+        memcpy(&dm, b, 4);
+        const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
+        *d = _mm_cvtss_f32(f), *m = _mm_cvtss_f32(_mm_movehdup_ps(f));
         return nibbles32(b + 4);
     }
     if (type == T_Q5_0) {
