@@ -199,6 +199,13 @@ static inline __m256i bits32(const uint8_t *p) {
     return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
 }
 
+/* The half at p, where 4 bytes can be read: a plain load and one conversion. */
+static inline float load_half4(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(v)));
+}
+
 /* Unsigned 0..255 weights times signed activations, summed to 8 int32 lanes as float. */
 static inline __m256 dot_u8_i8(__m256i w, __m256i x, __m256i pair_weights) {
     const __m256i p = _mm256_maddubs_epi16(w, x);
@@ -320,13 +327,15 @@ typedef struct {
 
 /* Q4_0 and Q5_0 as signed values (q - 8, q - 16), their offset in the integer sum. */
 ROWS_FN(rows_q4_0, 1, {
-    wv = _mm256_sub_epi8(block_values(T_Q4_0, w, u, &a, &c), _mm256_set1_epi8(8));
-    c = 0.0f;
+    const uint8_t *b = w + u * 18;
+    a = load_half4(b), c = 0.0f;
+    wv = _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
 })
 ROWS_FN(rows_q4_1, 0, { wv = block_values(T_Q4_1, w, u, &a, &c); })
-ROWS_FN(rows_q5_0, 1, {
-    wv = _mm256_sub_epi8(block_values(T_Q5_0, w, u, &a, &c), _mm256_set1_epi8(16));
-    c = 0.0f;
+ROWS_FN(rows_q5_0, 1, { /* q - 16: the nibble where the fifth bit is set, the nibble - 16 (0xF0 | it) where not */
+    const uint8_t *b = w + u * 22;
+    a = load_half4(b), c = 0.0f;
+    wv = _mm256_or_si256(nibbles32(b + 6), _mm256_andnot_si256(bits32(b + 2), _mm256_set1_epi8((char)0xF0)));
 })
 ROWS_FN(rows_q6_k, 1, {
     const uint8_t *b = w + (u / 8) * 210;
@@ -344,7 +353,7 @@ ROWS_FN(rows_q6_k, 1, {
 })
 ROWS_FN(rows_q8_0, 1, {
     const uint8_t *b = w + u * 34;
-    a = load_half(b), c = 0.0f;
+    a = load_half4(b), c = 0.0f;
     wv = _mm256_loadu_si256((const __m256i *)(b + 2));
 })
 ROWS_FN(rows_q4_k, 0, { wv = block_values(T_Q4_K, w, u, &a, &c); })
