@@ -199,12 +199,14 @@ static inline __m256i bits32(const uint8_t *p) {
     return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
 }
 
-/* The half at p, where 4 bytes can be read: a plain load and one conversion. */
-static inline float load_half4(const uint8_t *p) {
+/* The two halves at p as floats (the first where only it is wanted), converted together: one
+ * plain 4-byte load and one conversion. */
+static inline __m128 load_halves2(const uint8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
-    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(v)));
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(v));
 }
+static inline float load_half4(const uint8_t *p) { return _mm_cvtss_f32(load_halves2(p)); }
 
 /* Unsigned 0..255 weights times signed activations, summed to 8 int32 lanes as float. */
 static inline __m256 dot_u8_i8(__m256i w, __m256i x, __m256i pair_weights) {
@@ -217,27 +219,26 @@ static inline __m256 dot_u8_i8(__m256i w, __m256i x, __m256i pair_weights) {
 static inline __m256i block_values(int type, const uint8_t *row, int64_t u, float *d, float *m) {
     if (type == T_Q4_0) {
         const uint8_t *b = row + u * 18;
-        *d = load_half(b), *m = -8.0f * *d;
+        *d = load_half4(b), *m = -8.0f * *d;
         return nibbles32(b + 2);
     }
     if (type == T_Q4_1) {
         const uint8_t *b = row + u * 20;
-        int32_t dm; /* d and m: two halves converted in one instruction */
-        memcpy(&dm, b, 4);
-        const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
-        *d = _mm_cvtss_f32(f), *m = _mm_cvtss_f32(_mm_movehdup_ps(f));
+        const __m128 dm = load_halves2(b);
+        *d = _mm_cvtss_f32(dm), *m = _mm_cvtss_f32(_mm_movehdup_ps(dm));
         return nibbles32(b + 4);
     }
     if (type == T_Q5_0) {
         const uint8_t *b = row + u * 22;
-        *d = load_half(b), *m = -16.0f * *d;
+        *d = load_half4(b), *m = -16.0f * *d;
         return _mm256_or_si256(nibbles32(b + 6), _mm256_and_si256(bits32(b + 2), _mm256_set1_epi8(0x10)));
     }
     const uint8_t *b = row + (u / 8) * 144; /* Q4_K */
     const int j = (int)(u % 8);
     uint8_t sc, mn;
     k_scale_min(j, b + 4, &sc, &mn);
-    *d = load_half(b) * (float)sc, *m = -load_half(b + 2) * (float)mn;
+    const __m128 dmin = load_halves2(b);
+    *d = _mm_cvtss_f32(dmin) * (float)sc, *m = -_mm_cvtss_f32(_mm_movehdup_ps(dmin)) * (float)mn;
     const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + (j / 2) * 32));
     return _mm256_and_si256((j % 2) ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0xF));
 }
@@ -332,7 +333,8 @@ ROWS_FN(rows_q4_0, 1, {
     wv = _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
 })
 ROWS_FN(rows_q4_1, 0, { wv = block_values(T_Q4_1, w, u, &a, &c); })
-ROWS_FN(rows_q5_0, 1, { /* q - 16: the nibble where the fifth bit is set, the nibble - 16 (0xF0 | it) where not */
+/* Q5_0's q - 16 is the nibble where the fifth bit is set, else the nibble - 16 (0xF0 | nibble). */
+ROWS_FN(rows_q5_0, 1, {
     const uint8_t *b = w + u * 22;
     a = load_half4(b), c = 0.0f;
     wv = _mm256_or_si256(nibbles32(b + 6), _mm256_andnot_si256(bits32(b + 2), _mm256_set1_epi8((char)0xF0)));
