@@ -192,6 +192,7 @@ class DecoderWeights:
         if structs is None:
             return False
         ubs = (_UBatch * len(views))()
+        reach = []  # per view: the cells and streams a cache attending with it must have
         for u, v in enumerate(views):
             mask, rows, cs = v.mask, v.rows, v.cs
             S, per, n_kv = mask.shape
@@ -203,12 +204,13 @@ class DecoderWeights:
                 return False
             if cs.dtype != torch.float32 or cs.shape[0] != n or cs.stride(2) != 1 or cs.stride(1) != 2:
                 return False
-            for il in range(il0, il0 + len(caches)):
-                c = caches[il - il0]
-                if self.view[il] == u and (c.k.shape[1] < n_kv or c.k.shape[0] < v.stream0 + S):
-                    return False
+            reach.append((n_kv, v.stream0 + S))
             ubs[u] = _UBatch(n, S, v.stream0, n_kv, rows.data_ptr(), cs.data_ptr(), cs.stride(0))
             ubs[u].mask, ubs[u].sm_s, ubs[u].sm_i = mask.data_ptr(), per * n_kv, n_kv
+        for il, c in enumerate(caches, il0):
+            n_kv, streams = reach[self.view[il]]
+            if c.k.shape[1] < n_kv or c.k.shape[0] < streams:
+                return False
         layers, structs_p = self._base + il0 * ctypes.sizeof(_Layer), ctypes.addressof(structs)
         args = (ctypes.addressof(ubs), len(views), x.data_ptr(), x.stride(0))
         rc = lib.kvl_layers(layers, structs_p, len(caches), *args)

@@ -328,9 +328,8 @@ typedef struct {
 
 /* Q4_0 and Q5_0 as signed values (q - 8, q - 16), their offset in the integer sum. */
 ROWS_FN(rows_q4_0, 1, {
-    const uint8_t *b = w + u * 18;
-    a = load_half4(b), c = 0.0f;
-    wv = _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
+    wv = _mm256_sub_epi8(block_values(T_Q4_0, w, u, &a, &c), _mm256_set1_epi8(8));
+    c = 0.0f;
 })
 ROWS_FN(rows_q4_1, 0, { wv = block_values(T_Q4_1, w, u, &a, &c); })
 /* Q5_0's q - 16 is the nibble where the fifth bit is set, else the nibble - 16 (0xF0 | nibble). */
