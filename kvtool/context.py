@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from kvtool import graphs
 from kvtool.batch import Batch, BatchAllocator, DecodeError
 from kvtool.device import resolve_device
 from kvtool.errors import KvtoolError
@@ -44,6 +45,7 @@ class ContextParams:
     defrag: str = "none"  # KV compaction: none, threshold=F, on-fail (kvtool.memory.defrag)
     defrag_max_moves: int = DEFAULT_MAX_MOVES  # block moves per compaction pass
     device: str | None = None  # where K/V live and the batch computes: None is the model's device
+    cuda_graphs: bool = True  # on CUDA, replay captured decode steps (kvtool/graphs.py)
 
 
 class Context:
@@ -109,6 +111,7 @@ class Context:
         self.memory_estimate = estimate_memory(spec, mp, hp.n_embd, hp.n_ff, hp.n_head, model.n_vocab)
         check_fits(self.memory_estimate, self.n_ctx, mp.device)  # before allocating any of it
         self.memory: Memory = spec.build(mp)
+        self.graphs = graphs.DecodeGraphs(model) if graphs.enabled(self.device, p.cuda_graphs) else None
         self._logits = torch.empty(0, model.n_vocab)
         self._out_row = np.zeros(0, dtype=np.int64)  # batch index -> logits row (-1: none)
         self.n_decoded = 0  # tokens computed over the context's life (for timings)
@@ -142,7 +145,10 @@ class Context:
                 while True:
                     mctx.apply()
                     ub = mctx.ubatch
-                    rows = self.model.forward(ub, mctx)
+                    if self.graphs is not None:
+                        rows = self.graphs.forward(ub, mctx)
+                    else:
+                        rows = self.model.forward(ub, mctx)
                     if ub.output.any():  # sampled on the CPU in float32 whatever the device
                         parts.append((out_row[ub.idx[ub.output]], rows.float().cpu()))
                     if not mctx.next():

@@ -14,10 +14,11 @@ from kvtool.errors import ModelLoadError
 from kvtool.gguf_file import GGUFFile
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.spec import MemorySpec
-from kvtool.models import ARCHITECTURES
+from kvtool.models import ARCHITECTURES, SplitForward
 from kvtool.models.device_file import on_device
 from kvtool.models.hparams import HParams
 from kvtool.models.hparams_check import check_model
+from kvtool.models.inputs import ForwardInputs
 from kvtool.models.linear import QUANT_MAX_ROWS, check_weights_mode, computes_natively, weights_for_device
 from kvtool.threads import compute_threads
 from kvtool.vocab import Vocab
@@ -111,6 +112,16 @@ class Model:
     def memory_spec(self) -> MemorySpec:
         """The memory each layer needs; a context builds it with its own parameters."""
         return self.impl.memory_spec()
+
+    def inputs(self, ub: UBatch) -> ForwardInputs | None:
+        """The ubatch's inputs on the device, for an architecture whose forward splits into
+        inputs and device work (kvtool/models/inputs.py); None for the others."""
+        return self.impl.inputs(ub) if isinstance(self.impl, SplitForward) else None
+
+    def compute(self, inp: ForwardInputs, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
+        """`forward` from `inputs(ub)`: device work only (what a CUDA graph captures)."""
+        assert isinstance(self.impl, SplitForward), self.arch
+        return self.impl.compute(inp, ub, mctx)
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         if not self._native:

@@ -14,17 +14,24 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvtool.errors import KvtoolError
 
 if TYPE_CHECKING:
+    import torch
+
     from kvtool.batch import BatchAllocator, Split, UBatch
     from kvtool.state.io import StateReader, StateWriter
 
 Commit = Callable[[], None]
+
+# What the layers' views read that changes from one ubatch to the next (kvtool/graphs.py): a key
+# naming everything else they depend on (which streams, how many cells), and the device tensors
+# (cache rows, visibility) that `apply()` builds afresh for every ubatch.
+GraphInputs = tuple["Hashable", list["torch.Tensor"]]
 
 
 class MemoryStatus(enum.Enum):
@@ -95,7 +102,9 @@ class MemoryContext(Protocol):
 
     A batch context also hands each layer the view of the memory it computes with, for the
     current ubatch: `layer_view(il)` (a `KVView` for attention layers, a recurrent view for
-    state-space layers): the layer computes, the memory only provides tensors and indices."""
+    state-space layers): the layer computes, the memory only provides tensors and indices.
+    `graph_inputs()` says whether the views of the applied ubatch can be replayed by a captured
+    graph: None where they cannot (the layers' work then runs op by op)."""
 
     status: MemoryStatus
 
@@ -104,6 +113,7 @@ class MemoryContext(Protocol):
     @property
     def ubatch(self) -> UBatch: ...
     def layer_view(self, il: int) -> Any: ...
+    def graph_inputs(self) -> GraphInputs | None: ...
 
 
 class UpdateContext:
@@ -123,6 +133,9 @@ class UpdateContext:
 
     def layer_view(self, il: int) -> Any:
         raise RuntimeError("an update context has no layer views")
+
+    def graph_inputs(self) -> GraphInputs | None:
+        return None
 
 
 class NoUpdate(UpdateContext):

@@ -10,6 +10,7 @@ from kvtool.errors import StateError
 from kvtool.memory.base import (
     Commit,
     FailedPrepare,
+    GraphInputs,
     MemoryContext,
     MemoryPart,
     MemoryStatus,
@@ -121,3 +122,10 @@ class CompositeContext:
 
     def layer_view(self, il: int) -> Any:
         return self.parts[self.route[il]].layer_view(il)
+
+    def graph_inputs(self) -> GraphInputs | None:
+        """Every part's, or None where one part's views cannot be replayed."""
+        parts = [c.graph_inputs() for c in self.parts.values()]
+        if any(p is None for p in parts):
+            return None
+        return tuple(p[0] for p in parts if p is not None), [t for p in parts if p is not None for t in p[1]]

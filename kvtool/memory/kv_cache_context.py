@@ -10,7 +10,7 @@ import torch
 
 from kvtool.kernels.attention import KQMask
 from kvtool.kernels.visibility import Cells
-from kvtool.memory.base import MemoryStatus
+from kvtool.memory.base import GraphInputs, MemoryStatus
 
 if TYPE_CHECKING:
     from kvtool.batch import UBatch
@@ -38,6 +38,12 @@ class KVView:
         if s.start == 0 and s.stop == self.k.shape[0]:  # every stream (one op per tensor, not two)
             return self.k.narrow(1, 0, n), self.v.narrow(1, 0, n)
         return self.k[s, :n], self.v[s, :n]
+
+
+# On the cells path the attended span is rounded up to whole blocks of this many cells (as
+# llama.cpp pads n_kv): the kernel skips the empty cells' tiles, and a decode step keeps one
+# shape for 256 tokens, so its CUDA graph is replayed instead of captured again.
+N_KV_PAD = 256
 
 
 def visibility_from_cells(device: str | torch.device) -> bool:
@@ -86,6 +92,8 @@ class KVCacheContext:
         assert streams == list(range(streams[0], streams[-1] + 1)), "ubatch streams must be consecutive"
         self._streams = slice(streams[0], streams[-1] + 1)
         self._n_kv = max(cache.cells[s].used_max_p1() for s in streams)
+        if self._from_cells:
+            self._n_kv = min(cache.n_cells, -(-self._n_kv // N_KV_PAD) * N_KV_PAD)
         self._rows = torch.from_numpy(np.concatenate(rows)).to(cache.params.device)
         if self._from_cells:
             self._cells = self._build_cells(ub, streams, per)
@@ -121,6 +129,15 @@ class KVCacheContext:
         mask = torch.from_numpy(np.where(vis, np.float32(0.0), np.float32(-np.inf)))
         # a query sees at least its own cell, just written; checked here in numpy, not per layer
         return KQMask(mask.to(self.cache.params.device), find_empty=not vis.any(-1).all())
+
+    def graph_inputs(self) -> GraphInputs | None:
+        """The applied ubatch's rows and cells (on the cells path; the dense mask is the CPU's,
+        where nothing is captured), keyed by its streams and span."""
+        if self._rows is None or self._cells is None:
+            return None
+        c = self._cells
+        key = (self._streams.start, self._streams.stop, self._n_kv, c.swa, c.n_swa, c.causal)
+        return key, [self._rows, c.pos, c.seq, c.q_pos, c.q_seq]
 
     def layer_view(self, il: int) -> KVView:
         if self._rows is None or (self._mask is None and self._cells is None):

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvtool.memory.base import MemoryStatus
+from kvtool.memory.base import GraphInputs, MemoryStatus
 from kvtool.memory.recurrent import RSView
 
 if TYPE_CHECKING:
@@ -60,6 +60,10 @@ class RecurrentContext:
         self._slots = torch.tensor(slots, dtype=torch.int64, device=mem.device)
         self._n_states = min(k + 1, t)
         return True
+
+    def graph_inputs(self) -> GraphInputs | None:
+        """None: a layer's view gathers its states by slot and stores them back as it goes."""
+        return None
 
     def layer_view(self, il: int) -> RSView:
         assert self._slots is not None, "apply() first"

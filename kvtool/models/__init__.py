@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -14,6 +14,7 @@ from kvtool.memory.spec import MemorySpec
 from kvtool.models.gemma3 import Gemma3Model
 from kvtool.models.granite_hybrid import GraniteHybridModel
 from kvtool.models.hparams import HParams
+from kvtool.models.inputs import ForwardInputs
 from kvtool.models.lfm2 import Lfm2Model
 from kvtool.models.llama import LlamaModel
 from kvtool.models.mamba import MambaModel
@@ -31,6 +32,16 @@ class Architecture(Protocol):
         """Logits [n_outputs, n_vocab] of the ubatch's output rows in row order, in a tensor
         the architecture does not reuse (the context may keep it as the decode's logits)."""
         ...
+
+
+@runtime_checkable
+class SplitForward(Architecture, Protocol):
+    """An architecture whose forward is `compute(inputs(ub), ub, mctx)`: inputs copied to the
+    device, then device work only (kvtool/models/inputs.py; what a CUDA graph replays)."""
+
+    def inputs(self, ub: UBatch) -> ForwardInputs: ...
+
+    def compute(self, inp: ForwardInputs, ub: UBatch, mctx: MemoryContext) -> torch.Tensor: ...
 
 
 ARCHITECTURES: dict[str, Callable[[GGUFFile, HParams, str], Architecture]] = {

@@ -22,6 +22,7 @@ from kvtool.memory.kv_cells import SWAParams
 from kvtool.memory.spec import KVSpec
 from kvtool.models.compiled import compiled_layers, decoder_weights, gate_up_pair, native, native_group
 from kvtool.models.hparams import HParams, SWAHParams, read_float
+from kvtool.models.inputs import ForwardInputs, forward_inputs
 from kvtool.models.layers import attend, geglu, gelu_table, rms_norm
 from kvtool.models.linear import Embedding, Linear, LinearGroup, load_linear, output_linear
 from kvtool.models.rope import RopeParams, apply_rope
@@ -118,11 +119,19 @@ class Gemma3Model:
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
+        return self.compute(self.inputs(ub), ub, mctx)
+
+    def inputs(self, ub: UBatch) -> ForwardInputs:
+        """The ubatch's inputs on the model's device (kvtool/models/inputs.py)."""
+        return forward_inputs(ub, self.output_norm.device, [self.rope_global, self.rope_swa])
+
+    def compute(self, inp: ForwardInputs, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
+        """`forward` from inputs on the device: no host data is read but the ubatch's shape."""
         hp = self.hp
         n = ub.n_tokens
-        x = self.tok_embd(torch.from_numpy(ub.token)) * self.embd_scale  # [n, n_embd]
-        pos = torch.from_numpy(ub.pos).to(x.device)
-        rot_global, rot_swa = self.rope_global.rotation(pos), self.rope_swa.rotation(pos)
+        x = self.tok_embd(inp.token) * self.embd_scale  # [n, n_embd]
+        rot_global = self.rope_global.rotation(inp.pos, inp.host_pos)
+        rot_swa = self.rope_swa.rotation(inp.pos, inp.host_pos)
         cs = [(rot_swa if swa else rot_global).cs for swa in self._view_kinds]
         for il in range(compiled_layers(self.decoder, ub, mctx, x, cs), hp.n_layer):
             L = self.layers[il]

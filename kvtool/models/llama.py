@@ -15,6 +15,7 @@ from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.spec import KVSpec
 from kvtool.models.compiled import compiled_layers, decoder_weights, gate_up_pair, native, native_group
 from kvtool.models.hparams import HParams
+from kvtool.models.inputs import ForwardInputs, forward_inputs
 from kvtool.models.layers import rms_norm, rope_attend, swiglu_normed
 from kvtool.models.linear import Embedding, Linear, LinearGroup, linear_normed, load_linear, output_linear
 from kvtool.models.rope import RopeParams, apply_rope
@@ -78,9 +79,17 @@ class LlamaModel:
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
+        return self.compute(self.inputs(ub), ub, mctx)
+
+    def inputs(self, ub: UBatch) -> ForwardInputs:
+        """The ubatch's inputs on the model's device (kvtool/models/inputs.py)."""
+        return forward_inputs(ub, self.output_norm.device, [self.rope])
+
+    def compute(self, inp: ForwardInputs, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
+        """`forward` from inputs on the device: no host data is read but the ubatch's shape."""
         hp = self.hp
-        x = self.tok_embd(torch.from_numpy(ub.token))  # [n, n_embd]
-        rot = self.rope.rotation(torch.from_numpy(ub.pos).to(x.device))
+        x = self.tok_embd(inp.token)  # [n, n_embd]
+        rot = self.rope.rotation(inp.pos, inp.host_pos)
         scale = 1.0 / math.sqrt(hp.head_dim_k)
         for il in range(compiled_layers(self.decoder, ub, mctx, x, [rot.cs]), hp.n_layer):
             L = self.layers[il]

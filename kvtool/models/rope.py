@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 _ROPE_TABLE_MAX = 1 << 17  # positions beyond are computed directly, not tabled
@@ -63,21 +64,38 @@ class RopeParams:
             return Rotation(cos=t[0], sin=t[1], cs=tables[2])
         return Rotation(cis=t[0], cs=torch.view_as_real(tables[0]))
 
-    def rotation(self, pos: torch.Tensor) -> Rotation:
-        """The tables for positions (or position deltas) `pos` [n], on pos's device."""
-        if pos.numel() == 0 or int(pos.min()) < 0 or int(pos.max()) >= _ROPE_TABLE_MAX:
+    def _tables(self, top: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """The laid-out tables of positions 0..top at least, on `device` (grown by doubling)."""
+        table = self._table[0] if self._table else None
+        if table is None or top >= table[0].shape[0] or table[0].device != device:
+            size = max(256, 1 << top.bit_length(), 0 if table is None else table[0].shape[0])
+            self._table[:] = [self._layout(*self._cos_sin(torch.arange(size, device=device)))]
+        return self._table[0]
+
+    def reserve(self, host: np.ndarray, device: torch.device) -> int | None:
+        """Makes the table on `device` cover positions `host` (known on the host); returns its
+        length, or None where a position is off the table (negative, huge: computed directly).
+        A rotation of such positions on the device then gathers rows with no host sync."""
+        if host.size == 0 or int(host.min()) < 0 or int(host.max()) >= _ROPE_TABLE_MAX:
+            return None
+        return int(self._tables(int(host.max()), device)[0].shape[0])
+
+    def rotation(self, pos: torch.Tensor, host: np.ndarray | None = None) -> Rotation:
+        """The tables for positions (or position deltas) `pos` [n], on pos's device. `host`:
+        the same positions on the host, so that a device tensor is never read back."""
+        if host is None and pos.device.type != "cpu":
+            host = pos.cpu().numpy()  # one read back (a shift's deltas)
+        bounds = pos if host is None else host
+        lo, hi = (int(bounds.min()), int(bounds.max())) if pos.numel() else (0, -1)
+        if pos.numel() == 0 or lo < 0 or hi >= _ROPE_TABLE_MAX:
             return self._rotation(
                 self._layout(*self._cos_sin(pos))
             )  # negative deltas (seq_add), huge positions
-        top = int(pos.max())
-        table = self._table[0] if self._table else None
-        if table is None or top >= table[0].shape[0] or table[0].device != pos.device:
-            size = max(256, 1 << top.bit_length(), 0 if table is None else table[0].shape[0])
-            self._table[:] = [self._layout(*self._cos_sin(torch.arange(size, device=pos.device)))]
-        if pos.numel() == 1:  # decode: views of one table row, no gather
+        tables = self._tables(hi, pos.device)
+        if pos.numel() == 1 and pos.device.type == "cpu":  # decode: views of one table row, no gather
             i = int(pos[0])
-            return self._rotation(tuple(t[i : i + 1] for t in self._table[0]))
-        return self._rotation(tuple(t[pos] for t in self._table[0]))
+            return self._rotation(tuple(t[i : i + 1] for t in tables))
+        return self._rotation(tuple(t[pos] for t in tables))
 
 
 def apply_rope(x: torch.Tensor, rot: Rotation, p: RopeParams) -> torch.Tensor:
