@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Annotated
+import warnings
+from typing import Annotated, TextIO
 
 import typer
 
@@ -72,6 +73,7 @@ def main() -> None:
     from kvtool.commands.flags import check_argv
 
     reconfigure_std_streams()
+    warnings.showwarning = _one_line_warning
 
     argv = sys.argv[1:]
     try:
@@ -98,6 +100,19 @@ def main() -> None:
         print(file=sys.stderr)
         sys.exit(130)
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _one_line_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """The engine's warnings while a verb runs (CUDA graphs turned off, ...): one line on
+    stderr, as the verbs' own notes, not Python's file:line form with a source line."""
+    print(f"warning: {message}", file=file or sys.stderr)
 
 
 def console() -> None:

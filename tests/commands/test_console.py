@@ -28,3 +28,25 @@ def test_a_one_shot_prints_everything_before_the_process_ends(tiny_llama_path: P
     assert r.returncode == 0, r.stderr
     assert "total time" in r.stderr  # the timings are the last lines written
     assert r.stdout.strip()
+
+
+def test_an_engine_warning_is_one_line(tiny_llama_path: Path) -> None:
+    # a warning raised while a verb runs (here: a context whose n_ctx does not split evenly,
+    # made through the API inside the process) prints as one "warning:" line, no source line
+    code = (
+        "import sys, warnings; from kvtool.commands import main; "
+        "sys.argv = ['kvtool', 'run', '-m', sys.argv[1], '-p', 'hi', '-n', '1', '--temp', '0']; "
+        "import kvtool.context as c; d = c.Context.decode\n"
+        "def w(self, b):\n    warnings.warn('graphs off for a test'); return d(self, b)\n"
+        "c.Context.decode = w; main()"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code.replace("\\n", "\n"), str(tiny_llama_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "graphs off" in ln]
+    assert lines and all(ln == "warning: graphs off for a test" for ln in lines), r.stderr
+    assert "UserWarning" not in r.stderr and "warnings.warn" not in r.stderr

@@ -8,6 +8,7 @@ compare the CPU engine with itself and llama.cpp, to keep them honest without a 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +83,51 @@ def check_smollm2_greedy(device: str, quick: bool = False) -> None:
             assert got == r["generated_ids"][:must], (weights, r["prompt"][:40])
 
 
-CHECKS = [check_tiny_scenarios, check_seeded_sampling, check_smollm2_greedy]
+def check_decode_graphs(device: str, quick: bool = False) -> None:
+    """Decode steps replayed from CUDA graphs (kvtool/graphs.py) give what op-by-op compute
+    gives: three sequences decoding greedily together, in both KV modes, for both attention
+    architectures; the steps were replayed, and no graph was turned off (warnings are errors)."""
+    for arch in ("llama", "gemma3"):  # the architectures whose forward splits (the hybrids' does not)
+        m = _tiny(arch, device)
+        for unified in (False, True):
+            runs = []
+            for graphs in (True, False):
+                p = kvtool.ContextParams(n_ctx=1024, n_seq_max=3, kv_unified=unified, cuda_graphs=graphs)
+                ctx = kvtool.Context(m, p)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")
+                    runs.append(_parallel_greedy(ctx, 3, 8 if quick else 40))
+                if graphs:
+                    assert ctx.graphs is not None and ctx.graphs.on, arch
+                    assert ctx.graphs.n_replayed >= (6 if quick else 38), (arch, ctx.graphs.n_replayed)
+            (t_graph, l_graph), (t_eager, l_eager) = runs
+            assert t_graph == t_eager, (arch, unified)
+            assert rel_err(l_graph, l_eager) <= 1e-5, (arch, unified)
+
+
+def _parallel_greedy(ctx: kvtool.Context, n_seq: int, n_gen: int) -> tuple[list[list[int]], np.ndarray]:
+    """A short prompt per sequence, then greedy steps of all of them in one batch: the tokens
+    and every step's logits."""
+    b = kvtool.Batch()
+    for s in range(n_seq):
+        for i in range(4):
+            b.add((11 * s + 5 * i + 2) % 50, i, [s], i == 3)
+    ctx.decode(b)
+    tokens: list[list[int]] = [[] for _ in range(n_seq)]
+    logits = []
+    for step in range(n_gen):
+        rows = ctx.logits()
+        logits.append(rows.numpy().copy())
+        b = kvtool.Batch()
+        for s in range(n_seq):
+            t = int(rows[s].argmax())
+            tokens[s].append(t)
+            b.add(t, 4 + step, [s], True)
+        ctx.decode(b)
+    return tokens, np.concatenate(logits)
+
+
+CHECKS = [check_tiny_scenarios, check_seeded_sampling, check_decode_graphs, check_smollm2_greedy]
 
 
 def check_all(device: str, real: bool = True) -> None:

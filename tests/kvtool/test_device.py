@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import kvtool
+from kvtool import graphs
 from kvtool import model as model_mod
 from kvtool.kernels import attention as attention_mod
 from kvtool.kernels import store_kv as store_kv_mod
@@ -116,3 +117,13 @@ def test_cuda_attention_path_replays_the_oracle(
 def test_engine_checks_run_on_cpu(check) -> None:  # type: ignore[no-untyped-def]
     # what test_device_cuda.py runs on a GPU, here CPU against CPU: the checks themselves work
     check("cpu", quick=True)
+
+
+def test_the_graph_check_runs_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    # check_decode_graphs with graphs re-run on the CPU (tests/kvtool/test_graphs.py's stand-in)
+    from tests.kvtool.test_graphs import Lax
+
+    monkeypatch.setattr(graphs, "enabled", lambda device, wanted: wanted)
+    monkeypatch.setattr(graphs, "CudaGraph", Lax)
+    monkeypatch.setattr(kv_cache_context, "visibility_from_cells", lambda device: True)
+    device_engine_checks.check_decode_graphs("cpu", quick=True)

@@ -34,6 +34,10 @@ def test_seeded_sampling_on_cuda() -> None:
     assert _run_on_cuda("check_seeded_sampling").strip().endswith("ok")
 
 
+def test_decode_graphs_on_cuda() -> None:
+    assert _run_on_cuda("check_decode_graphs").strip().endswith("ok")
+
+
 @pytest.mark.real
 def test_smollm2_greedy_on_cuda() -> None:
     assert _run_on_cuda("check_smollm2_greedy").strip().endswith("ok")
