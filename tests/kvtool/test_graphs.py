@@ -41,7 +41,7 @@ class NoReadBack(TorchDispatchMode):
 class Rerun:
     """CudaGraph's stand-in: the capture runs the closure once, each replay runs it again."""
 
-    def __init__(self, fn: Callable[[], torch.Tensor]) -> None:
+    def __init__(self, fn: Callable[[], torch.Tensor], shared: dict[str, object]) -> None:
         self.fn = fn
         with NoReadBack():
             fn()
@@ -55,7 +55,7 @@ class Lax(Rerun):
     """Rerun without the read-back check: for the reference attention, which reads its mask
     back on the CPU (only the Triton kernels are what a GPU runs)."""
 
-    def __init__(self, fn: Callable[[], torch.Tensor]) -> None:
+    def __init__(self, fn: Callable[[], torch.Tensor], shared: dict[str, object]) -> None:
         self.fn = fn
         fn()
 
@@ -184,7 +184,7 @@ class Wrong(Lax):
 
 
 class Broken:
-    def __init__(self, fn: Callable[[], torch.Tensor]) -> None:
+    def __init__(self, fn: Callable[[], torch.Tensor], shared: dict[str, object]) -> None:
         raise RuntimeError("operation not permitted when stream is capturing\nmore")
 
 
