@@ -28,6 +28,8 @@ _WHERE = {
     "resume_seq": "kvtool.decode",
     "context_shift": "kvtool.decode",
     "resolve_device": "kvtool.device",
+    "available_devices": "kvtool.device",
+    "DeviceInfo": "kvtool.device",
     "KVDims": "kvtool.kv_dims",
     "read_kv_dims": "kvtool.kv_dims",
     "apply_defrag": "kvtool.memory.defrag",
@@ -70,6 +72,7 @@ __all__ = [
     "ConversationConflictError",
     "ConversationStore",
     "DecodeError",
+    "DeviceInfo",
     "FileKind",
     "KVCells",
     "KVDims",
@@ -84,6 +87,7 @@ __all__ = [
     "StateError",
     "StateInfo",
     "apply_defrag",
+    "available_devices",
     "check_state_path",
     "check_writable",
     "context_shift",
@@ -120,7 +124,7 @@ if TYPE_CHECKING:  # what type checkers and editors see
     from kvtool.batch import Batch, DecodeError
     from kvtool.context import Context, ContextParams
     from kvtool.decode import ContextFullError, context_shift, decode_batch, decode_tokens, resume_seq
-    from kvtool.device import resolve_device
+    from kvtool.device import DeviceInfo, available_devices, resolve_device
     from kvtool.errors import KvtoolError, ModelFetchError, ModelLoadError, StateError
     from kvtool.kv_dims import KVDims, read_kv_dims
     from kvtool.memory.base import MemoryStatus

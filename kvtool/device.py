@@ -6,6 +6,7 @@ A model is put on its device once, at load; a context computes on its model's de
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -35,3 +36,24 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         if d.index is not None and d.index >= torch.cuda.device_count():
             raise KvtoolError(f"device '{d}': only {torch.cuda.device_count()} CUDA GPU(s)")
     return d
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """A GPU as llama.cpp's --list-devices shows it."""
+
+    name: str  # llama.cpp's name, which --device also reads: CUDA0, CUDA1, ...
+    description: str  # the GPU's own name
+    total: int  # bytes of memory
+    free: int  # bytes free now
+
+
+def available_devices() -> list[DeviceInfo]:
+    """The GPUs kvtool can compute on; the CPU, always there, is not listed (as in llama.cpp)."""
+    if not _cuda_available():
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        free, total = torch.cuda.mem_get_info(i)
+        out.append(DeviceInfo(f"CUDA{i}", torch.cuda.get_device_name(i), total, free))
+    return out

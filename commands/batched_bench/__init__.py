@@ -80,6 +80,7 @@ def batched_bench(
     type_k: common.TypeKOpt = "f32",
     type_v: common.TypeVOpt = "f32",
     device: common.DeviceOpt = None,
+    list_devices: common.ListDevicesOpt = False,
     n_gpu_layers: common.NglOpt = None,
     weights: common.WeightsOpt = "auto",
     threads: common.ThreadsOpt = None,

@@ -93,6 +93,7 @@ def bench(
     kv_unified: common.KvUnifiedOpt = False,
     swa_full: common.SwaFullOpt = False,
     device: common.DeviceOpt = None,
+    list_devices: common.ListDevicesOpt = False,
     n_gpu_layers: common.NglOpt = None,
     weights: common.WeightsOpt = "auto",
     output: Annotated[str, typer.Option("-o", "--output", help="md, csv, json or jsonl.")] = "md",

@@ -75,6 +75,31 @@ DeviceOpt = Annotated[
         help="Compute on: cpu or cuda (cuda:N; llama.cpp's CUDA0 and none also read). Default: cpu.",
     ),
 ]
+def _list_devices(value: bool) -> None:
+    """llama.cpp's --list-devices: the GPUs, then exit (before any other flag is checked)."""
+    if not value:
+        return
+    import kvtool
+
+    mib = 1024 * 1024
+    print("Available devices:")
+    devices = kvtool.available_devices()
+    for d in devices:
+        print(f"  {d.name}: {d.description} ({d.total // mib} MiB, {d.free // mib} MiB free)")
+    if not devices:
+        print("  (none)")
+    raise typer.Exit()
+
+
+ListDevicesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--list-devices",
+        callback=_list_devices,
+        is_eager=True,
+        help="Print the GPUs --device can name (the CPU is always there) and exit.",
+    ),
+]
 NglOpt = Annotated[
     int | None,
     typer.Option(

@@ -138,6 +138,7 @@ def parallel(
     type_k: common.TypeKOpt = "f32",
     type_v: common.TypeVOpt = "f32",
     device: common.DeviceOpt = None,
+    list_devices: common.ListDevicesOpt = False,
     n_gpu_layers: common.NglOpt = None,
     weights: common.WeightsOpt = "auto",
     defrag_thold: common.DefragTholOpt = None,

@@ -105,3 +105,39 @@ def test_bad_device_flags_are_one_error(args: list[str], msg: str) -> None:
     assert r.returncode == 2
     line = r.stderr.strip()
     assert line.startswith("error: ") and msg in line and "\n" not in line, line
+
+
+@no_cuda
+@pytest.mark.parametrize(
+    "verb", [["run"], ["parallel"], ["bench"], ["batched-bench"], ["state", "save"], ["state", "load"]]
+)
+def test_list_devices_without_a_gpu(verb: list[str]) -> None:
+    # llama.cpp's --list-devices: the GPUs, "(none)" on a machine without one, then exit 0
+    # before anything else is checked or loaded (here a model that does not exist)
+    r = cli(*verb, "--list-devices", "-m", "no-such-model.gguf")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "Available devices:\n  (none)\n"
+
+
+Captured = pytest.CaptureFixture[str]
+
+
+def test_list_devices_names_each_gpu(monkeypatch: pytest.MonkeyPatch, capsys: Captured) -> None:
+    # two GPUs as torch would report them: named as --device reads them (CUDA0, CUDA1)
+    import typer
+
+    from kvtool import device
+
+    gib = 1 << 30
+    monkeypatch.setattr(device, "_cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"NVIDIA H100 80GB HBM3 #{i}")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: ((70 + i) * gib, 80 * gib))
+    with pytest.raises(typer.Exit):
+        common._list_devices(True)
+    assert capsys.readouterr().out == (
+        "Available devices:\n"
+        "  CUDA0: NVIDIA H100 80GB HBM3 #0 (81920 MiB, 71680 MiB free)\n"
+        "  CUDA1: NVIDIA H100 80GB HBM3 #1 (81920 MiB, 72704 MiB free)\n"
+    )
+    assert [d.name for d in kvtool.available_devices()] == ["CUDA0", "CUDA1"]
