@@ -38,6 +38,8 @@ def _version(value: bool) -> None:
     n = kvtool.set_n_threads(None)  # imports torch: the threads it would compute with
     print(f"kvtool {metadata.version('kvtool')}, torch {metadata.version('torch')}")
     print(f"device: CPU ({n} threads; -t sets them)")
+    for d in kvtool.available_devices():  # each GPU --device can name
+        print(f"device: {d.name} ({d.description}, {d.total >> 20} MiB)")
     raise typer.Exit()
 
 
