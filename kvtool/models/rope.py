@@ -76,17 +76,17 @@ class RopeParams:
         """Makes the table on `device` cover positions `host` (known on the host); returns its
         length, or None where a position is off the table (negative, huge: computed directly).
         A rotation of such positions on the device then gathers rows with no host sync."""
-        if host.size == 0 or int(host.min()) < 0 or int(host.max()) >= _ROPE_TABLE_MAX:
+        lo, hi = _bounds(host)
+        if host.size == 0 or lo < 0 or hi >= _ROPE_TABLE_MAX:
             return None
-        return int(self._tables(int(host.max()), device)[0].shape[0])
+        return int(self._tables(hi, device)[0].shape[0])
 
     def rotation(self, pos: torch.Tensor, host: np.ndarray | None = None) -> Rotation:
         """The tables for positions (or position deltas) `pos` [n], on pos's device. `host`:
         the same positions on the host, so that a device tensor is never read back."""
         if host is None and pos.device.type != "cpu":
             host = pos.cpu().numpy()  # one read back (a shift's deltas)
-        bounds = pos if host is None else host
-        lo, hi = (int(bounds.min()), int(bounds.max())) if pos.numel() else (0, -1)
+        lo, hi = _bounds(pos if host is None else host)
         if pos.numel() == 0 or lo < 0 or hi >= _ROPE_TABLE_MAX:
             return self._rotation(
                 self._layout(*self._cos_sin(pos))
@@ -96,6 +96,14 @@ class RopeParams:
             i = int(pos[0])
             return self._rotation(tuple(t[i : i + 1] for t in tables))
         return self._rotation(tuple(t[pos] for t in tables))
+
+
+def _bounds(pos: torch.Tensor | np.ndarray) -> tuple[int, int]:
+    """The smallest and largest position (0, -1 for none); one position is read, not reduced."""
+    n = pos.numel() if isinstance(pos, torch.Tensor) else pos.size
+    if n <= 1:
+        return (int(pos[0]), int(pos[0])) if n else (0, -1)
+    return int(pos.min()), int(pos.max())
 
 
 def apply_rope(x: torch.Tensor, rot: Rotation, p: RopeParams) -> torch.Tensor:
