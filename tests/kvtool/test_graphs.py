@@ -152,6 +152,19 @@ def test_a_new_span_of_cells_is_a_new_graph(lax: None) -> None:
     assert spans == [256, 512]
 
 
+def test_a_full_window_reuses_its_cells_under_one_graph(lax: None) -> None:
+    # Gemma 3's sliding-window cache (256 cells, window 8) fills at position 256 and then
+    # writes over cells that left the window: the cell layout changes under the same key
+    g, e = _pair("gemma3", n_ctx=1024, n_seq_max=2, n_ubatch=64)  # a window cache of 256 cells
+    n = 0
+    for got, want in zip(_steps(g, 2, 250, 20), _steps(e, 2, 250, 20), strict=True):
+        np.testing.assert_array_equal(got, want)
+        n += 1
+    assert g.graphs is not None and g.graphs.on and n == 21
+    assert g.memory.parts["swa"].n_cells == 256  # type: ignore[attr-defined]
+    assert g.graphs.n_replayed >= 16, (g.graphs.n_captured, g.graphs.n_replayed)
+
+
 def test_prompts_and_partial_outputs_are_not_captured(lax: None) -> None:
     g, _ = _pair("llama", n_seq_max=1)
     assert g.graphs is not None
