@@ -93,9 +93,12 @@ def _tiny(arch: str) -> kvtool.Model:
 Steps = Iterator[np.ndarray]
 
 
-def _steps(ctx: kvtool.Context, n_seq: int, n_prompt: int, n_gen: int, rm_at: int = -1) -> Steps:
+def _steps(
+    ctx: kvtool.Context, n_seq: int, n_prompt: int, n_gen: int, rm_at: int = -1, reload_at: int = -1
+) -> Steps:
     """Every sequence's prompt in one batch, then greedy decode steps of all sequences together
-    (sequence 1 drops its last 3 positions before step `rm_at`); the logits of each step."""
+    (sequence 1 drops its last 3 positions before step `rm_at`; the context is saved, cleared
+    and loaded again before step `reload_at`); the logits of each step."""
     b = kvtool.Batch()
     for s in range(n_seq):
         for i in range(n_prompt):
@@ -108,6 +111,10 @@ def _steps(ctx: kvtool.Context, n_seq: int, n_prompt: int, n_gen: int, rm_at: in
         if step == rm_at:
             ctx.memory.seq_rm(1, pos[1] - 3, -1)
             pos[1] -= 3
+        if step == reload_at:
+            data = ctx.state_get_data()
+            ctx.clear()
+            ctx.state_set_data(data)
         b = kvtool.Batch()
         for s in range(n_seq):
             b.add(int(logits[s].argmax()), pos[s], [s], True)
@@ -131,12 +138,14 @@ def test_replayed_steps_match_op_by_op(arch: str, unified: bool, cells_path: Non
     g, e = _pair(arch, kv_unified=unified)
     assert g.graphs is not None and e.graphs is None
     n = 0
-    for got, want in zip(_steps(g, 3, 5, 12, rm_at=6), _steps(e, 3, 5, 12, rm_at=6), strict=True):
+    steps = {"rm_at": 6, "reload_at": 9}
+    for got, want in zip(_steps(g, 3, 5, 12, **steps), _steps(e, 3, 5, 12, **steps), strict=True):
         np.testing.assert_array_equal(got, want)
         n += 1
     assert n == 13
     # one key a span of cells (split streams: 3 streams decode together): first sight op by op,
-    # the second captured, then replayed; the step after seq_rm keeps the key (same shapes)
+    # the second captured, then replayed; the steps after seq_rm and after a state reload keep
+    # the key (same shapes)
     assert g.graphs.n_captured == 1 and g.graphs.n_replayed == 11, (g.graphs.n_captured, g.graphs.n_replayed)
     assert g.graphs.on
 
