@@ -291,18 +291,19 @@ class BatchAllocator:
         if free.size == 0:
             return None
         sets: list[int] = []
+        members: dict[int, list[int]] = {}  # the free tokens of each set, in batch order
+        taken = 0  # the union of `sets`: they are disjoint, so a set overlaps one iff it meets this
         last = -1
-        for i in free.tolist():
-            m = int(self.seq_mask[i])
-            if any(m & s for s in sets):
-                continue
-            if sequential and sets and int(self.seq_id[i]) != last + 1:
-                continue
-            sets.append(m)
-            last = int(self.seq_id[i])
-            if len(sets) >= n_ubatch:
-                break
-        members = [free[self.seq_mask[free] == np.uint64(m)] for m in sets]
-        n_seq_tokens = min(min(len(x) for x in members), max(1, n_ubatch // len(sets)))
-        idxs = np.concatenate([x[:n_seq_tokens] for x in members])
+        masks, seq_ids = self.seq_mask[free].tolist(), self.seq_id[free].tolist()
+        for i, m, s in zip(free.tolist(), masks, seq_ids, strict=True):
+            tokens = members.get(m)
+            if tokens is not None:
+                tokens.append(i)
+            elif not (m & taken or len(sets) >= n_ubatch or (sequential and sets and s != last + 1)):
+                sets.append(m)
+                members[m] = [i]
+                taken |= m
+                last = s
+        n_seq_tokens = min(min(len(members[m]) for m in sets), max(1, n_ubatch // len(sets)))
+        idxs = np.array([i for m in sets for i in members[m][:n_seq_tokens]], dtype=np.int64)
         return self._ubatch(idxs, n_seq_tokens, len(sets))
