@@ -75,6 +75,8 @@ DeviceOpt = Annotated[
         help="Compute on: cpu or cuda (cuda:N; llama.cpp's CUDA0 and none also read). Default: cpu.",
     ),
 ]
+
+
 def _list_devices(value: bool) -> None:
     """llama.cpp's --list-devices: the GPUs, then exit (before any other flag is checked)."""
     if not value:
