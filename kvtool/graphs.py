@@ -8,7 +8,7 @@ positions, the cache rows and cell metadata its memory builds) are copied into t
 graph was captured with, and the graph runs them all in one launch.
 
 A step is keyed by everything its work depends on besides those tensors' values: the model's
-key (rows, outputs, RoPE table lengths) and the memory's (streams, attended cells, window). A
+key (rows, RoPE table lengths) and the memory's (streams, attended cells, window). A
 key is captured the second time it is seen (the first runs op by op, as a warm-up), only for
 ubatches of up to MAX_ROWS rows that are all outputs (decode steps); prompts run op by op. The
 first two replays of each graph are checked against op-by-op compute (recomputing a step only

@@ -52,6 +52,8 @@ class Model:
             self.impl = ARCHITECTURES[arch](on_device(self.file, self.device), self.hparams, weights)
         except KeyError as e:
             raise ModelLoadError(f"{self.path.name}: missing or malformed {e}") from e
+        # the architecture again where its forward splits into inputs and device work
+        self._split: SplitForward | None = self.impl if isinstance(self.impl, SplitForward) else None
         self.use_chat_template(jinja=False)
         self.fingerprint = self.file.fingerprint()
         self._native = self.device.type == "cpu" and computes_natively(self.file, weights, QUANT_MAX_ROWS)
@@ -116,12 +118,12 @@ class Model:
     def inputs(self, ub: UBatch) -> ForwardInputs | None:
         """The ubatch's inputs on the device, for an architecture whose forward splits into
         inputs and device work (kvtool/models/inputs.py); None for the others."""
-        return self.impl.inputs(ub) if isinstance(self.impl, SplitForward) else None
+        return self._split.inputs(ub) if self._split is not None else None
 
     def compute(self, inp: ForwardInputs, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """`forward` from `inputs(ub)`: device work only (what a CUDA graph captures)."""
-        assert isinstance(self.impl, SplitForward), self.arch
-        return self.impl.compute(inp, ub, mctx)
+        assert self._split is not None, self.arch
+        return self._split.compute(inp, ub, mctx)
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         if not self._native:

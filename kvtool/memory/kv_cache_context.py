@@ -91,11 +91,10 @@ class KVCacheContext:
             rows.append(s * cache.n_cells + idx)
         assert streams == list(range(streams[0], streams[-1] + 1)), "ubatch streams must be consecutive"
         self._streams = slice(streams[0], streams[-1] + 1)
+        self._rows = torch.from_numpy(np.concatenate(rows)).to(cache.params.device)
         self._n_kv = max(cache.cells[s].used_max_p1() for s in streams)
         if self._from_cells:
             self._n_kv = min(cache.n_cells, -(-self._n_kv // N_KV_PAD) * N_KV_PAD)
-        self._rows = torch.from_numpy(np.concatenate(rows)).to(cache.params.device)
-        if self._from_cells:
             self._cells = self._build_cells(ub, streams, per)
         else:
             self._mask = self._build_mask(ub, streams, per)  # every layer of this cache shares it

@@ -130,8 +130,8 @@ class Gemma3Model:
         hp = self.hp
         n = ub.n_tokens
         x = self.tok_embd(inp.token) * self.embd_scale  # [n, n_embd]
-        rot_global = self.rope_global.rotation(inp.pos, inp.host_pos)
-        rot_swa = self.rope_swa.rotation(inp.pos, inp.host_pos)
+        rot_global = self.rope_global.rotation(inp.pos, inp.bounds)
+        rot_swa = self.rope_swa.rotation(inp.pos, inp.bounds)
         cs = [(rot_swa if swa else rot_global).cs for swa in self._view_kinds]
         for il in range(compiled_layers(self.decoder, ub, mctx, x, cs), hp.n_layer):
             L = self.layers[il]

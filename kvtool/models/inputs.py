@@ -12,20 +12,20 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 
 from kvtool.batch import UBatch
-from kvtool.models.rope import RopeParams
+from kvtool.models.rope import RopeParams, position_bounds
 
 
 @dataclass(frozen=True)
 class ForwardInputs:
     token: torch.Tensor  # [n] token ids on the device
     pos: torch.Tensor  # [n] positions on the device
-    host_pos: np.ndarray  # [n] the same positions on the host (no read back to check them)
-    # what else `compute` depends on beyond the tensors' shapes: the ubatch's shape and the
-    # RoPE tables' lengths (a grown table is a new tensor); None: positions off the tables
+    bounds: tuple[int, int]  # the smallest and largest position, known on the host
+    # what else `compute` depends on beyond the tensors' shapes, for ubatches whose rows are
+    # all outputs (the only ones captured): the row count and the RoPE tables' lengths (a
+    # grown table is a new tensor); None: positions off the tables
     key: Hashable | None
 
     def tensors(self) -> list[torch.Tensor]:
@@ -42,6 +42,7 @@ def forward_inputs(ub: UBatch, device: torch.device, ropes: Sequence[RopeParams]
     """The ubatch's token ids and positions on `device`, every table of `ropes` covering them."""
     token = torch.from_numpy(ub.token).to(device)
     pos = torch.from_numpy(ub.pos).to(device)
-    sizes = [r.reserve(ub.pos, pos.device) for r in ropes]  # pos.device: with its index
-    key = None if None in sizes else (ub.n_tokens, bool(ub.output.all()), *sizes)
-    return ForwardInputs(token, pos, ub.pos, key)
+    bounds = position_bounds(ub.pos)
+    sizes = [r.reserve(bounds, pos.device) for r in ropes]  # pos.device: with its index
+    key = None if None in sizes else (ub.n_tokens, *sizes)
+    return ForwardInputs(token, pos, bounds, key)

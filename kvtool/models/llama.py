@@ -89,7 +89,7 @@ class LlamaModel:
         """`forward` from inputs on the device: no host data is read but the ubatch's shape."""
         hp = self.hp
         x = self.tok_embd(inp.token)  # [n, n_embd]
-        rot = self.rope.rotation(inp.pos, inp.host_pos)
+        rot = self.rope.rotation(inp.pos, inp.bounds)
         scale = 1.0 / math.sqrt(hp.head_dim_k)
         for il in range(compiled_layers(self.decoder, ub, mctx, x, [rot.cs]), hp.n_layer):
             L = self.layers[il]

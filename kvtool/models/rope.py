@@ -72,21 +72,21 @@ class RopeParams:
             self._table[:] = [self._layout(*self._cos_sin(torch.arange(size, device=device)))]
         return self._table[0]
 
-    def reserve(self, host: np.ndarray, device: torch.device) -> int | None:
-        """Makes the table on `device` cover positions `host` (known on the host); returns its
-        length, or None where a position is off the table (negative, huge: computed directly).
-        A rotation of such positions on the device then gathers rows with no host sync."""
-        lo, hi = _bounds(host)
-        if host.size == 0 or lo < 0 or hi >= _ROPE_TABLE_MAX:
+    def reserve(self, bounds: tuple[int, int], device: torch.device) -> int | None:
+        """Makes the table on `device` cover positions within `bounds` (`position_bounds`, on
+        the host); returns its length, or None where a position is off the table (negative,
+        huge: computed directly). A rotation on the device then gathers rows with no host sync."""
+        lo, hi = bounds
+        if hi < lo or lo < 0 or hi >= _ROPE_TABLE_MAX:
             return None
         return int(self._tables(hi, device)[0].shape[0])
 
-    def rotation(self, pos: torch.Tensor, host: np.ndarray | None = None) -> Rotation:
-        """The tables for positions (or position deltas) `pos` [n], on pos's device. `host`:
-        the same positions on the host, so that a device tensor is never read back."""
-        if host is None and pos.device.type != "cpu":
-            host = pos.cpu().numpy()  # one read back (a shift's deltas)
-        lo, hi = _bounds(pos if host is None else host)
+    def rotation(self, pos: torch.Tensor, bounds: tuple[int, int] | None = None) -> Rotation:
+        """The tables for positions (or position deltas) `pos` [n], on pos's device. `bounds`:
+        their `position_bounds` known on the host, so that a device tensor is never read back."""
+        if bounds is None:  # on a device: one read back (a shift's deltas)
+            bounds = position_bounds(pos if pos.device.type == "cpu" else pos.cpu())
+        lo, hi = bounds
         if pos.numel() == 0 or lo < 0 or hi >= _ROPE_TABLE_MAX:
             return self._rotation(
                 self._layout(*self._cos_sin(pos))
@@ -98,7 +98,7 @@ class RopeParams:
         return self._rotation(tuple(t[pos] for t in tables))
 
 
-def _bounds(pos: torch.Tensor | np.ndarray) -> tuple[int, int]:
+def position_bounds(pos: torch.Tensor | np.ndarray) -> tuple[int, int]:
     """The smallest and largest position (0, -1 for none); one position is read, not reduced."""
     n = pos.numel() if isinstance(pos, torch.Tensor) else pos.size
     if n <= 1:

@@ -12,7 +12,8 @@ tensors. tests/kvtool/test_device_cuda.py runs the real graphs on a GPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import contextlib
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from kvtool import graphs
 from kvtool.kernels import attention as attention_mod
 from kvtool.kernels import store_kv as store_kv_mod
 from kvtool.memory import kv_cache_context
+from tests.kvtool.device_engine_checks import greedy_steps
 from tests.kvtool.test_oracle_tiny import DATA
 
 _READS_BACK = {"_local_scalar_dense", "nonzero", "is_nonzero", "equal", "item"}
@@ -39,15 +41,17 @@ class NoReadBack(TorchDispatchMode):
 
 
 class Rerun:
-    """CudaGraph's stand-in: the capture runs the closure once, each replay runs it again."""
+    """CudaGraph's stand-in: the capture runs the closure once, each replay runs it again,
+    refusing any read-back while it runs (`strict`)."""
+
+    strict = True
 
     def __init__(self, fn: Callable[[], torch.Tensor], shared: dict[str, object]) -> None:
         self.fn = fn
-        with NoReadBack():
-            fn()
+        self.replay()
 
     def replay(self) -> torch.Tensor:
-        with NoReadBack():
+        with NoReadBack() if self.strict else contextlib.nullcontext():
             return self.fn()
 
 
@@ -55,12 +59,7 @@ class Lax(Rerun):
     """Rerun without the read-back check: for the reference attention, which reads its mask
     back on the CPU (only the Triton kernels are what a GPU runs)."""
 
-    def __init__(self, fn: Callable[[], torch.Tensor], shared: dict[str, object]) -> None:
-        self.fn = fn
-        fn()
-
-    def replay(self) -> torch.Tensor:
-        return self.fn()
+    strict = False
 
 
 @pytest.fixture
@@ -90,39 +89,6 @@ def _tiny(arch: str) -> kvtool.Model:
     return kvtool.Model(DATA / "models" / f"tiny-{arch}.gguf", weights="f32")
 
 
-Steps = Iterator[np.ndarray]
-
-
-def _steps(
-    ctx: kvtool.Context, n_seq: int, n_prompt: int, n_gen: int, rm_at: int = -1, reload_at: int = -1
-) -> Steps:
-    """Every sequence's prompt in one batch, then greedy decode steps of all sequences together
-    (sequence 1 drops its last 3 positions before step `rm_at`; the context is saved, cleared
-    and loaded again before step `reload_at`); the logits of each step."""
-    b = kvtool.Batch()
-    for s in range(n_seq):
-        for i in range(n_prompt):
-            b.add((7 * s + 3 * i + 1) % 50, i, [s], i == n_prompt - 1)
-    ctx.decode(b)
-    pos = [n_prompt] * n_seq
-    for step in range(n_gen):
-        logits = ctx.logits()
-        yield logits.numpy().copy()
-        if step == rm_at:
-            ctx.memory.seq_rm(1, pos[1] - 3, -1)
-            pos[1] -= 3
-        if step == reload_at:
-            data = ctx.state_get_data()
-            ctx.clear()
-            ctx.state_set_data(data)
-        b = kvtool.Batch()
-        for s in range(n_seq):
-            b.add(int(logits[s].argmax()), pos[s], [s], True)
-            pos[s] += 1
-        ctx.decode(b)
-    yield ctx.logits().numpy().copy()
-
-
 def _pair(arch: str, **params: object) -> tuple[kvtool.Context, kvtool.Context]:
     m = _tiny(arch)
     p = dict(n_ctx=1024, n_seq_max=4) | params
@@ -139,7 +105,7 @@ def test_replayed_steps_match_op_by_op(arch: str, unified: bool, cells_path: Non
     assert g.graphs is not None and e.graphs is None
     n = 0
     steps = {"rm_at": 6, "reload_at": 9}
-    for got, want in zip(_steps(g, 3, 5, 12, **steps), _steps(e, 3, 5, 12, **steps), strict=True):
+    for got, want in zip(greedy_steps(g, 3, 5, 12, **steps), greedy_steps(e, 3, 5, 12, **steps), strict=True):
         np.testing.assert_array_equal(got, want)
         n += 1
     assert n == 13
@@ -153,7 +119,7 @@ def test_replayed_steps_match_op_by_op(arch: str, unified: bool, cells_path: Non
 def test_a_new_span_of_cells_is_a_new_graph(lax: None) -> None:
     # 250 prompt tokens and 12 steps cross the 256-cell boundary: a second graph
     g, e = _pair("llama", n_ctx=512, n_seq_max=1)
-    for got, want in zip(_steps(g, 1, 250, 12), _steps(e, 1, 250, 12), strict=True):
+    for got, want in zip(greedy_steps(g, 1, 250, 12), greedy_steps(e, 1, 250, 12), strict=True):
         np.testing.assert_array_equal(got, want)
     assert g.graphs is not None
     assert len(g.graphs.graphs) == 2 and g.graphs.n_captured == 2, list(g.graphs.graphs)
@@ -166,7 +132,7 @@ def test_a_full_window_reuses_its_cells_under_one_graph(lax: None) -> None:
     # writes over cells that left the window: the cell layout changes under the same key
     g, e = _pair("gemma3", n_ctx=1024, n_seq_max=2, n_ubatch=64)  # a window cache of 256 cells
     n = 0
-    for got, want in zip(_steps(g, 2, 250, 20), _steps(e, 2, 250, 20), strict=True):
+    for got, want in zip(greedy_steps(g, 2, 250, 20), greedy_steps(e, 2, 250, 20), strict=True):
         np.testing.assert_array_equal(got, want)
         n += 1
     assert g.graphs is not None and g.graphs.on and n == 21
@@ -217,7 +183,7 @@ def test_a_bad_graph_turns_graphs_off(backend: type, why: str, monkeypatch: pyte
     monkeypatch.setattr(graphs, "CudaGraph", backend)
     g, e = _pair("llama", n_seq_max=2)
     with pytest.warns(UserWarning, match=f"{why}.*: decoding without CUDA graphs"):
-        for got, want in zip(_steps(g, 2, 3, 6), _steps(e, 2, 3, 6), strict=True):
+        for got, want in zip(greedy_steps(g, 2, 3, 6), greedy_steps(e, 2, 3, 6), strict=True):
             np.testing.assert_array_equal(got, want)  # the step that failed was computed op by op
     assert g.graphs is not None and not g.graphs.on and not g.graphs.graphs
 
