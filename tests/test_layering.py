@@ -32,11 +32,24 @@ def test_the_engine_imports_no_cli_or_http_library() -> None:
 
 
 def test_commands_use_only_the_public_api() -> None:
+    """Commands use the public API and the common layer, never an engine module."""
     bad = [
         (str(p.relative_to(ROOT)), name)
         for p in sorted((ROOT / "commands").rglob("*.py"))
         for name in imports(p)
-        if name.startswith("kvtool.") and not name.startswith("kvtool.commands")
+        if name.startswith("kvtool.") and not name.startswith(("kvtool.commands", "kvtool.common"))
+    ]
+    assert bad == []
+
+
+def test_the_engine_does_not_import_the_common_layer() -> None:
+    """Dependencies point down: commands -> kvtool.common -> the engine -> kernels."""
+    engine = [p for p in sorted((ROOT / "kvtool").rglob("*.py")) if "common" not in p.relative_to(ROOT).parts]
+    bad = [
+        (str(p.relative_to(ROOT)), name)
+        for p in engine
+        for name in imports(p)
+        if name == "kvtool.common" or name.startswith(("kvtool.common.", "kvtool.commands"))
     ]
     assert bad == []
 
