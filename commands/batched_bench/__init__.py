@@ -3,6 +3,7 @@ a PP-token prompt, generating TG tokens in lockstep; one table row per (PP, TG, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from typing import Annotated
@@ -53,8 +54,9 @@ def md_row(r: BatchedResult) -> str:
 
 
 @app.command("batched-bench")
+@common.flags
 def batched_bench(
-    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
+    load: common.LoadFlags = common.LoadFlags(),
     ctx_size: Annotated[
         int,
         typer.Option(
@@ -64,8 +66,7 @@ def batched_bench(
             callback=common.values.bounds(0),
         ),
     ] = 0,
-    batch_size: common.BatchOpt = 2048,
-    ubatch_size: common.UBatchOpt = 512,
+    context: common.ContextFlags = common.ContextFlags(),
     npp: Annotated[str, typer.Option("-npp", help="Prompt tokens per sequence (comma list).")] = "128",
     ntg: Annotated[str, typer.Option("-ntg", help="Generated tokens per sequence (comma list).")] = "128",
     npl: Annotated[str, typer.Option("-npl", help="Parallel sequences B (comma list).")] = "1",
@@ -75,15 +76,6 @@ def batched_bench(
     tgs: Annotated[
         bool, typer.Option("-tgs", "--tg-separate", help="Generate for one sequence at a time.")
     ] = False,
-    swa_full: common.SwaFullOpt = False,
-    kv_unified: common.KvUnifiedOpt = False,
-    type_k: common.TypeKOpt = "f32",
-    type_v: common.TypeVOpt = "f32",
-    device: common.DeviceOpt = None,
-    list_devices: common.ListDevicesOpt = False,
-    n_gpu_layers: common.NglOpt = None,
-    weights: common.WeightsOpt = "auto",
-    threads: common.ThreadsOpt = None,
     output_format: Annotated[
         str, typer.Option("--output-format", help="md (table) or jsonl (one object per row).")
     ] = "md",
@@ -97,18 +89,16 @@ def batched_bench(
     if min(pl_list) < 1:
         raise typer.BadParameter("B must be at least 1", param_hint="-npl")
     shown = common.progress_console(err, no_progress)
-    m = common.load_model(model, shown, device, n_gpu_layers, weights, threads)
+    m = common.load_model(load, shown)
     n_threads = kvtool.set_n_threads()  # no argument: changes nothing, tells the threads -t set
     if ctx_size == 0:  # every combination fits: per stream in split mode, in total when unified
         combos = [(pp, tg, pl) for pp in pps_list for tg in tg_list for pl in pl_list]
-        if kv_unified:
+        if context.kv_unified:
             ctx_size = max(batched_n_kv(pp, tg, pl, pps, True) for pp, tg, pl in combos)
         else:
             ctx_size = max(pl_list) * max(pp + tg for pp, tg, _ in combos)
     # every sequence of the largest B needs an id; the geometry (n_ctx_seq) is printed below
-    cp = common.context_params(
-        ctx_size, batch_size, ubatch_size, max(pl_list), kv_unified, swa_full, type_k, type_v
-    )
+    cp = dataclasses.replace(context, ctx_size=ctx_size).params(max(pl_list))
     ctx = common.make_context(m, cp, None)
     rng = random.Random(seed)
     batched_warmup(ctx, rng)
@@ -118,7 +108,7 @@ def batched_bench(
         "n_ubatch": ctx.n_ubatch,
         "is_pp_shared": int(pps),
         "is_tg_separate": int(tgs),
-        "kv_unified": int(kv_unified),
+        "kv_unified": int(context.kv_unified),
         "n_ctx_seq": ctx.n_ctx_seq,
         "n_threads": n_threads,
     }

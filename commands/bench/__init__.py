@@ -17,6 +17,7 @@ from kvtool.commands import app, common
 from kvtool.commands.bench.logic import BenchTest, Instance, bench_tests, run_bench_test
 from kvtool.commands.bench.report import Printer, record
 from kvtool.commands.common.values import parse_int_list
+from kvtool.common import registry
 
 err = common.text.console(stderr=True)
 
@@ -67,8 +68,15 @@ def _context(
     m: kvtool.Model, inst: Instance, test: BenchTest, kv_unified: bool, swa_full: bool = False
 ) -> kvtool.Context:
     """A fresh context just large enough for the test, as llama-bench makes one per test."""
-    params = common.context_params(
-        test.n_ctx, inst.n_batch, inst.n_ubatch, 1, kv_unified, swa_full, inst.type_k, inst.type_v
+    params = kvtool.ContextParams(
+        n_ctx=test.n_ctx,
+        n_batch=inst.n_batch,
+        n_ubatch=inst.n_ubatch,
+        n_seq_max=1,
+        kv_unified=kv_unified,
+        swa_full=swa_full,
+        type_k=inst.type_k,
+        type_v=inst.type_v,
     )
     return kvtool.Context(m, params)
 
@@ -90,12 +98,12 @@ def bench(
     reps: Annotated[
         int, typer.Option("-r", "--repetitions", help="Runs of each test.", callback=common.values.bounds(1))
     ] = 5,
-    kv_unified: common.KvUnifiedOpt = False,
-    swa_full: common.SwaFullOpt = False,
-    device: common.DeviceOpt = None,
-    list_devices: common.ListDevicesOpt = False,
-    n_gpu_layers: common.NglOpt = None,
-    weights: common.WeightsOpt = "auto",
+    kv_unified: common.options.KvUnifiedOpt = False,
+    swa_full: common.options.SwaFullOpt = False,
+    device: common.options.DeviceOpt = None,
+    list_devices: common.options.ListDevicesOpt = False,
+    n_gpu_layers: common.options.NglOpt = None,
+    weights: common.options.WeightsOpt = "auto",
     output: Annotated[str, typer.Option("-o", "--output", help="md, csv, json or jsonl.")] = "md",
     output_err: Annotated[
         str | None, typer.Option("-oe", "--output-err", help="Also print this format on stderr.")
@@ -110,7 +118,7 @@ def bench(
     for fmt, flag in ((output, "-o"), (output_err, "-oe")):
         if fmt is not None and fmt not in ("md", "csv", "json", "jsonl"):
             raise typer.BadParameter("md, csv, json or jsonl", param_hint=flag)
-    models = [x for m in (model or [kvtool.DEFAULT_MODEL]) for x in m.split(",") if x]
+    models = [x for m in (model or [registry.DEFAULT_MODEL]) for x in m.split(",") if x]
     pp, tg, pg = _ints(n_prompt or ["512"], "-p"), _ints(n_gen or ["128"], "-n"), _pairs(n_pg or [])
     axes: dict[str, list[int] | list[str]] = {
         "n_batch": _ints(n_batch or ["2048"], "-b", 1),
@@ -139,7 +147,7 @@ def bench(
         m = common.load_model_with_status(
             name,
             common.progress_console(err, no_progress),
-            common.device_setting(device, n_gpu_layers),
+            common.devices.device_setting(device, n_gpu_layers),
             weights,
         )
         shown = common.progress_console(err, no_progress)

@@ -13,9 +13,10 @@ import typer
 
 import kvtool
 from kvtool.commands import app
-from kvtool.commands.common import KvUnifiedOpt
+from kvtool.commands.common.options import KvUnifiedOpt
 from kvtool.commands.common.values import bounds
 from kvtool.commands.defrag_sim.names import POLICIES
+from kvtool.common import files, registry
 
 if TYPE_CHECKING:  # the simulator loads numpy: imported when the verb runs, not for --help
     from kvtool.commands.defrag_sim.report import Cost
@@ -140,7 +141,7 @@ def defrag_sim(
     _check(not bad, f"unknown policy {', '.join(bad)} (choose from {', '.join(POLICIES)})", "--policy")
     _check(plot is None or plot.suffix.lower() == ".png", "the figure is a .png file", "--plot")
     if plot is not None:  # before the simulation: a figure it cannot write is one line now
-        kvtool.check_writable(plot, kvtool.FileKind("a PNG image", rb"\x89PNG", "the figure"))
+        files.check_writable(plot, files.FileKind("a PNG image", rb"\x89PNG", "the figure"))
     w, n_ctx, n_ub = _workload(
         trace, clients, requests, arrival, rate, prompt_len, gen_len, n_ctx, seed, ubatch
     )
@@ -254,8 +255,10 @@ def _cost(model: str | None, copy_bw: float | None) -> Cost | None:
 
     if model is None:
         return None
-    path = kvtool.resolve_model(model)
-    dims = kvtool.read_kv_dims(path)
+    path = registry.resolve_model(model)
+    from kvtool.common.cells import read_kv_dims  # numpy, torch: only with -m
+
+    dims = read_kv_dims(path)
     bw, src = (
         (copy_bw * 1e9, "given")
         if copy_bw is not None

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtool import KVCells, apply_defrag, plan_defrag
 from kvtool.commands.defrag_sim.series import Stats, Track
 from kvtool.commands.defrag_sim.slots import contiguous_slots_near, first_free_near
+from kvtool.common.cells import KVCells, apply_defrag, plan_defrag
 
 EMPTY = KVCells.EMPTY
 INF = 2**31 - 1  # an open upper bound of a position range

@@ -13,7 +13,7 @@ computes alone at its position (the check is about moving rows, not about what t
 Every sequence then decodes one query token, the engine compacts (`Context.update(optimize=True)`,
 the planner's passes over every layer's K and V), and the same queries are decoded again. The
 reference is a second cache built by the same decodes with each token placed in its cell after
-compaction (the planner's moves, `kvtool.plan_defrag`): the logits after compaction must equal
+compaction (the planner's moves, `plan_defrag`): the logits after compaction must equal
 its logits bit for bit, and those before within float noise (attention sums over the cells in
 cell order, holes included, so a different layout rounds differently).
 """
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 import kvtool
-from kvtool import KVCells
+from kvtool.common.cells import KVCells, plan_defrag
 
 MAX_CELLS = 8192  # a real cache of a real model
 FILLER = 63  # the sequence id that holds every cell while the loader places tokens
@@ -114,7 +114,7 @@ def replay(model: kvtool.Model, cells: KVCells, max_moves: int) -> ReplayResult:
     n_scratch = min(GROUP, FILLER - len(seqs))
     if FILLER in seqs or n_scratch < 1:
         raise kvtool.KvtoolError("--replay: the stream uses every sequence id: it cannot be rebuilt")
-    plan = kvtool.plan_defrag(cells, max_moves)
+    plan = plan_defrag(cells, max_moves)
     where = np.arange(cells.size)  # cell -> its cell after compaction
     for moves in plan.passes:
         for src, dst, n in moves.tolist():

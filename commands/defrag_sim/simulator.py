@@ -14,12 +14,12 @@ from typing import TypeAlias
 
 import numpy as np
 
-from kvtool import KVCells
 from kvtool.commands.defrag_sim.held import Held, pos_range
 from kvtool.commands.defrag_sim.paged import PagedStream
 from kvtool.commands.defrag_sim.policies import CellStream, Policy
 from kvtool.commands.defrag_sim.series import Series, Stats
 from kvtool.commands.defrag_sim.workload import Copy, Decode, Free, Op, Run, Workload
+from kvtool.common.cells import KVCells
 
 Stream: TypeAlias = CellStream | PagedStream
 

@@ -23,6 +23,7 @@ from kvtool.commands import app, common
 from kvtool.commands.parallel.http import HttpParallelSim
 from kvtool.commands.parallel.prompts import QUESTIONS, SYSTEM_PROMPT, read_prompts
 from kvtool.commands.parallel.sim import Client, ParallelParams, ParallelSim, ParallelSummary, RequestRecord
+from kvtool.common import files
 
 if TYPE_CHECKING:
     from kvtool.commands.defrag_sim.trace import TraceRecorder
@@ -99,13 +100,14 @@ def _summary(s: ParallelSummary, prompt_file: str, where: str, n_failed: int) ->
 
 
 # what --json and --trace may replace: a file they wrote before (or an empty one)
-_JSON_KIND = kvtool.FileKind("a kvtool parallel summary", rb'\{\s*"mode"', "the summary")
-_TRACE_KIND = kvtool.FileKind("a kvtool trace", rb'\{"kvtool_trace"', "the trace")
+_JSON_KIND = files.FileKind("a kvtool parallel summary", rb'\{\s*"mode"', "the summary")
+_TRACE_KIND = files.FileKind("a kvtool trace", rb'\{"kvtool_trace"', "the trace")
 
 
 @app.command("parallel")
+@common.flags
 def parallel(
-    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
+    load: common.LoadFlags = common.LoadFlags(),
     n_parallel: Annotated[
         int, typer.Option("-np", "--parallel", help="Simultaneous clients.", callback=common.values.bounds(1))
     ] = 1,
@@ -121,10 +123,8 @@ def parallel(
             callback=common.values.bounds(-1),
         ),
     ] = 128,
-    ctx_size: common.CtxOpt = 4096,
-    batch_size: common.BatchOpt = 2048,
-    ubatch_size: common.UBatchOpt = 512,
-    threads: common.ThreadsOpt = None,
+    context: common.ContextFlags = common.ContextFlags(),
+    compaction: common.DefragFlags = common.DefragFlags(),
     cont_batching: Annotated[
         bool,
         typer.Option(
@@ -133,16 +133,6 @@ def parallel(
             help="A client takes its next request inside the running batch (else: waves).",
         ),
     ] = True,
-    swa_full: common.SwaFullOpt = False,
-    kv_unified: common.KvUnifiedOpt = False,
-    type_k: common.TypeKOpt = "f32",
-    type_v: common.TypeVOpt = "f32",
-    device: common.DeviceOpt = None,
-    list_devices: common.ListDevicesOpt = False,
-    n_gpu_layers: common.NglOpt = None,
-    weights: common.WeightsOpt = "auto",
-    defrag_thold: common.DefragTholOpt = None,
-    defrag: common.DefragOpt = None,
     pps: Annotated[
         bool, typer.Option("-pps", help="Decode the system prompt once and seq_cp it to every client.")
     ] = False,
@@ -156,7 +146,7 @@ def parallel(
         typer.Option("--system-file", help="The shared system prompt (default: a ~290-token transcript)."),
     ] = None,
     seed: Annotated[int, typer.Option("-s", "--seed", help="Sampler seed (<0: random per client).")] = -1,
-    temp: common.TempOpt = 0.8,
+    temp: common.options.TempOpt = 0.8,
     server: Annotated[
         str | None,
         typer.Option(
@@ -183,7 +173,7 @@ def parallel(
     """Simulate clients sending requests to a server (llama-parallel)."""
     for path, kind in ((json_out, _JSON_KIND), (trace, _TRACE_KIND)):  # before the run, not after it
         if path is not None:
-            kvtool.check_writable(path, kind)
+            files.check_writable(path, kind)
     prompts = list(QUESTIONS)
     if file is not None:
         prompts = read_prompts(common.text.read_text(file, "-f"))
@@ -212,24 +202,14 @@ def parallel(
     if server is not None and trace is not None:
         raise typer.BadParameter("records a local run, not --server", param_hint="--trace")
     if server is not None:
-        sim = HttpParallelSim(server, params, model=model, timeout=timeout)
-        where = f"{server} (model '{model}')"
+        sim = HttpParallelSim(server, params, model=load.model, timeout=timeout)
+        where = f"{server} (model '{load.model}')"
         out.print(f"parallel: simulating {n_parallel} clients against {server}")
     else:
-        m = common.load_model(model, err, device, n_gpu_layers, weights, threads)
+        m = common.load_model(load, err)
         # sequence 0 holds the system prompt; the geometry (n_ctx_seq) is printed below
         n_seq_max = n_parallel + 1
-        cp = common.context_params(
-            ctx_size,
-            batch_size,
-            ubatch_size,
-            n_seq_max,
-            kv_unified,
-            swa_full,
-            type_k,
-            type_v,
-            common.defrag_setting(defrag_thold, defrag),
-        )
+        cp = context.params(n_seq_max, compaction.setting())
         ctx = common.make_context(m, cp, None)
         from kvtool.commands.defrag_sim.trace import TraceRecorder  # loads the simulator's numpy
 
@@ -240,7 +220,7 @@ def parallel(
         out.print(
             f"parallel: n_parallel = {n_parallel}, n_sequences = {n_sequences}, "
             f"cont_batching = {int(cont_batching)}, system tokens = {len(sim.system_tokens)}, "
-            f"kv_unified = {int(kv_unified)}, n_ctx = {ctx.n_ctx}, n_ctx_seq = {ctx.n_ctx_seq}"
+            f"kv_unified = {int(context.kv_unified)}, n_ctx = {ctx.n_ctx}, n_ctx_seq = {ctx.n_ctx_seq}"
         )
         if pps:
             out.print("parallel: evaluating the system prompt once (seq 0), copied to each client")
@@ -267,9 +247,9 @@ def parallel(
     failed = [r for r in summary.records if r.stop == "error"]
     _summary(summary, str(file) if file else "used built-in defaults", where, len(failed))
     if json_out is not None:
-        doc = {"mode": "server" if server else "local", "model": where, "kv_unified": kv_unified}
+        doc = {"mode": "server" if server else "local", "model": where, "kv_unified": context.kv_unified}
         doc |= {"shared_system": pps, "n_predict": n_predict, **summary.to_dict()}
-        kvtool.write_file(
+        files.write_file(
             json_out, (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode(), _JSON_KIND
         )
     if failed:

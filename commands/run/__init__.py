@@ -15,13 +15,15 @@ from kvtool.commands.run.chat import ChatSession
 from kvtool.commands.run.keeper import Keeper, err
 from kvtool.commands.run.loop import COMMANDS, chat, one_shot
 from kvtool.commands.run.perf import Perf
+from kvtool.common.store import ConversationStore
 
 _quiet = common.text.console(stderr=True, quiet=True)  # --no-progress: no spinner while loading
 
 
 @app.command("run")
+@common.flags
 def run(
-    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
+    load: common.LoadFlags = common.LoadFlags(),
     prompt: Annotated[
         str | None,
         typer.Option(
@@ -45,17 +47,9 @@ def run(
             "-n", "--n-predict", help="Tokens to generate (-1: until end).", callback=common.values.bounds(-1)
         ),
     ] = -1,
-    ctx_size: common.CtxOpt = 4096,
-    batch_size: common.BatchOpt = 2048,
-    ubatch_size: common.UBatchOpt = 512,
-    threads: common.ThreadsOpt = None,
-    temp: common.TempOpt = 0.8,
-    top_k: common.TopKOpt = 40,
-    top_p: common.TopPOpt = 0.95,
-    min_p: common.MinPOpt = 0.05,
-    repeat_penalty: common.RepeatPenaltyOpt = 1.0,
-    repeat_last_n: common.RepeatLastNOpt = 64,
-    seed: Annotated[int, typer.Option("-s", "--seed", help="RNG seed (-1: random).")] = -1,
+    context: common.ContextFlags = common.ContextFlags(),
+    sampling: common.SamplingFlags = common.SamplingFlags(),
+    compaction: common.DefragFlags = common.DefragFlags(),
     system: Annotated[
         str | None, typer.Option("-sys", "--system", help="System message.", callback=common.text.user_text)
     ] = None,
@@ -80,17 +74,7 @@ def run(
     jinja: Annotated[
         bool, typer.Option("--jinja", help="Render the GGUF's own Jinja chat template.")
     ] = False,
-    swa_full: common.SwaFullOpt = False,
-    kv_unified: common.KvUnifiedOpt = False,
-    type_k: common.TypeKOpt = "f32",
-    type_v: common.TypeVOpt = "f32",
-    device: common.DeviceOpt = None,
-    list_devices: common.ListDevicesOpt = False,
-    n_gpu_layers: common.NglOpt = None,
-    weights: common.WeightsOpt = "auto",
-    defrag_thold: common.DefragTholOpt = None,
-    defrag: common.DefragOpt = None,
-    rs_seq: common.RsSeqOpt = 1,
+    rs_seq: common.options.RsSeqOpt = 1,
     no_progress: Annotated[
         bool, typer.Option("--no-progress", help="No progress on stderr (loading, long prompts).")
     ] = False,
@@ -131,35 +115,16 @@ def run(
         no_chat = True
     if session_file is not None:  # where the chat will be saved: checked before any work
         kvtool.check_state_path(session_file)
-    db = kvtool.ConversationStore(store) if store is not None else None  # refuses a foreign file now
+    db = ConversationStore(store) if store is not None else None  # refuses a foreign file now
     t_load_start = time.perf_counter()
-    m = common.load_model(model, err if not no_progress else _quiet, device, n_gpu_layers, weights, threads)
+    m = common.load_model(load, err if not no_progress else _quiet)
     t_load = time.perf_counter() - t_load_start
     if jinja:
         m.use_chat_template(jinja=True)
     n_seq_max = parallel or (4 if store is not None else 1)
-    cp = common.context_params(
-        ctx_size,
-        batch_size,
-        ubatch_size,
-        n_seq_max,
-        kv_unified,
-        swa_full,
-        type_k,
-        type_v,
-        common.defrag_setting(defrag_thold, defrag),
-        rs_seq,
-    )
+    cp = context.params(n_seq_max, compaction.setting(), rs_seq)
     ctx = common.make_context(m, cp, err)
-    sp = kvtool.SamplerParams(
-        seed=seed,
-        temp=temp,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repeat_penalty=repeat_penalty,
-        repeat_last_n=repeat_last_n,
-    )
+    sp = sampling.params()
 
     def new_session(seq: int) -> ChatSession:
         sampler = kvtool.Sampler(sp)

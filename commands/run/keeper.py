@@ -9,6 +9,7 @@ import kvtool
 from kvtool.commands.common.text import console
 from kvtool.commands.run.chat import ChatSession
 from kvtool.commands.run.pool import ConversationPool
+from kvtool.common.store import ConversationConflictError, ConversationStore
 
 err = console(stderr=True)
 
@@ -27,7 +28,7 @@ class Keeper:
         ctx: kvtool.Context,
         new_session: Callable[[int], ChatSession],
         session_file: Path | None,
-        store: kvtool.ConversationStore | None,
+        store: ConversationStore | None,
         name: str,
     ) -> None:
         """`store` is opened by the caller (before the model loads: a wrong file is refused
@@ -53,8 +54,8 @@ class Keeper:
             if name == self.name:
                 try:  # another process's save since ours is refused, not overwritten
                     self.pool.save(self.name)
-                except kvtool.ConversationConflictError as e:
-                    raise kvtool.ConversationConflictError(f"{e}; /save NEW keeps this one") from None
+                except ConversationConflictError as e:
+                    raise ConversationConflictError(f"{e}; /save NEW keeps this one") from None
             else:
                 self.pool.save(self.name, as_name=name)
             return f"saved as '{name}' in the store {self.pool.store.path}"

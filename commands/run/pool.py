@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import kvtool
 from kvtool.commands.run.chat import ChatSession, chat_section
+from kvtool.common.store import ConversationConflictError, ConversationStore
 
 
 class ConversationPool:
@@ -24,7 +25,7 @@ class ConversationPool:
     def __init__(
         self,
         ctx: kvtool.Context,
-        store: kvtool.ConversationStore,
+        store: ConversationStore,
         new_session: Callable[[int], ChatSession],
         notify: Callable[[str], None] | None = None,
     ) -> None:
@@ -95,7 +96,7 @@ class ConversationPool:
         conversation takes. Returns the name it is stored under."""
         try:
             return self.save(name)
-        except kvtool.ConversationConflictError:
+        except ConversationConflictError:
             pass
         k = 2
         while True:
@@ -104,7 +105,7 @@ class ConversationPool:
                 try:
                     self._generation[fork] = self.store.save(fork, *self._row(name), generation=0)
                     break
-                except kvtool.ConversationConflictError:
+                except ConversationConflictError:
                     pass
             k += 1
         self._open[fork] = self._open.pop(name)

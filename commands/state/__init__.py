@@ -15,6 +15,7 @@ import kvtool
 from kvtool.commands import app, common
 from kvtool.commands.common.generate import TextStream, generate
 from kvtool.commands.common.progress import PROMPT_CHUNK, PromptBar
+from kvtool.common.store import ConversationStore
 
 if TYPE_CHECKING:
     import torch
@@ -37,34 +38,24 @@ SeqOpt = Annotated[
 
 
 @state_app.command("save")
+@common.flags
 def save(
     output: Annotated[Path, typer.Option("-o", "--output", help="State file to write.")],
     prompt: Annotated[
         str,
         typer.Option("-p", "--prompt", help="Text to decode before saving.", callback=common.text.user_text),
     ],
-    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     seq: SeqOpt = None,
-    ctx_size: common.CtxOpt = 4096,
-    batch_size: common.BatchOpt = 2048,
-    ubatch_size: common.UBatchOpt = 512,
-    kv_unified: common.KvUnifiedOpt = False,
-    swa_full: common.SwaFullOpt = False,
-    type_k: common.TypeKOpt = "f32",
-    type_v: common.TypeVOpt = "f32",
-    device: common.DeviceOpt = None,
-    list_devices: common.ListDevicesOpt = False,
-    n_gpu_layers: common.NglOpt = None,
-    weights: common.WeightsOpt = "auto",
-    threads: common.ThreadsOpt = None,
     no_progress: common.NoProgressOpt = False,
+    load: common.LoadFlags = common.LoadFlags(),
+    context: common.ContextFlags = common.ContextFlags(),
 ) -> None:
     """Decode the prompt (raw text, no chat template) and save the state atomically."""
     kvtool.check_state_path(output)  # before the work: a path it cannot save to is one line now
     shown = common.progress_console(err, no_progress)
-    m = common.load_model(model, shown, device, n_gpu_layers, weights, threads)
+    m = common.load_model(load, shown)
     s = 0 if seq is None else seq
-    cp = common.context_params(ctx_size, batch_size, ubatch_size, s + 1, kv_unified, swa_full, type_k, type_v)
+    cp = context.params(s + 1)
     ctx = common.make_context(m, cp, err)
     ids = m.tokenize(prompt, add_special=True, parse_special=False)
     bar = PromptBar(err) if not no_progress and err.is_terminal else None
@@ -83,9 +74,9 @@ def save(
 
 
 @state_app.command("load")
+@common.flags
 def load(
     input: Annotated[Path, typer.Option("-i", "--input", help="State file to restore.")],
-    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
     prompt: Annotated[
         str | None,
         typer.Option("-p", "--prompt", help="More text to decode first.", callback=common.text.user_text),
@@ -102,22 +93,12 @@ def load(
             "--seq", help="Sequence to continue (default: the saved one).", callback=common.values.bounds(0)
         ),
     ] = None,
-    temp: common.TempOpt = 0.0,
+    temp: common.options.TempOpt = 0.0,
     seed: Annotated[
         int, typer.Option("-s", "--seed", help="RNG seed (-1: the saved sampler's, if any).")
     ] = -1,
-    ctx_size: common.CtxOpt = 4096,
-    batch_size: common.BatchOpt = 2048,
-    ubatch_size: common.UBatchOpt = 512,
-    kv_unified: common.KvUnifiedOpt = False,
-    swa_full: common.SwaFullOpt = False,
-    type_k: common.TypeKOpt = "f32",
-    type_v: common.TypeVOpt = "f32",
-    device: common.DeviceOpt = None,
-    list_devices: common.ListDevicesOpt = False,
-    n_gpu_layers: common.NglOpt = None,
-    weights: common.WeightsOpt = "auto",
-    threads: common.ThreadsOpt = None,
+    load: common.LoadFlags = common.LoadFlags(),
+    context: common.ContextFlags = common.ContextFlags(),
 ) -> None:
     """Restore a state and print the continuation on stdout (greedy unless --temp > 0)."""
     info = kvtool.inspect_state(input)
@@ -125,11 +106,9 @@ def load(
     if info.kind == "context" and seq is not None and seq not in saved:
         raise kvtool.StateError(f"{input} holds sequences {saved}, not {seq}")
     s = seq if seq is not None else (saved[0] if info.kind == "context" and saved else 0)
-    m = common.load_model(model, err, device, n_gpu_layers, weights, threads)
+    m = common.load_model(load, err)
     n_seq_max = max([s, *saved]) + 1 if info.kind == "context" else s + 1
-    cp = common.context_params(
-        ctx_size, batch_size, ubatch_size, n_seq_max, kv_unified, swa_full, type_k, type_v
-    )
+    cp = context.params(n_seq_max)
     ctx = common.make_context(m, cp, err)
     info = ctx.state_load_file(input, None if info.kind == "context" else s)
     sampler = kvtool.Sampler(kvtool.SamplerParams(seed=seed, temp=temp))
@@ -226,7 +205,7 @@ def list_store(
     """List the conversations of a store: name, model, tokens, messages, size, last save."""
     if not store.exists():  # list, never create: ConversationStore refuses what is no store
         raise kvtool.StateError(f"no conversation store {store}")
-    with kvtool.ConversationStore(store) as db:
+    with ConversationStore(store) as db:
         rows = db.list()
     table = Table(title=f"conversations in {store}")
     for col in ("name", "model", "tokens", "messages", "bytes", "saved"):

@@ -1,7 +1,7 @@
-"""State save/load (llama_state_*): containers, per-memory-kind parts, files, a SQLite store.
+"""State save/load (llama_state_*): containers, per-memory-kind parts, files.
 
 The format is specified in docs/state-format.md. `kvtool.Context.state_*` are the entry
-points; this package also offers what needs no context (inspecting a file, the store)."""
+points; this package also offers what needs no context (inspecting a file)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 from kvtool.state.codec import inspect
 from kvtool.state.files import STATE_FILE, check_state_path, read_file, write_atomic
 from kvtool.state.header import SeqInfo, StateInfo
-from kvtool.state.store import ConversationConflictError, ConversationRecord, ConversationStore
 
 
 def inspect_state(source: str | Path | bytes) -> StateInfo:
@@ -21,9 +20,6 @@ def inspect_state(source: str | Path | bytes) -> StateInfo:
 
 __all__ = [
     "STATE_FILE",
-    "ConversationConflictError",
-    "ConversationRecord",
-    "ConversationStore",
     "SeqInfo",
     "StateInfo",
     "check_state_path",

@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 import kvtool.commands.models  # noqa: F401  (registers `models` on the app)
-from kvtool import registry
 from kvtool.commands import app
+from kvtool.common import registry
+from kvtool.common.registry import KnownModel, WheelPart
 from kvtool.errors import ModelLoadError
-from kvtool.registry import KnownModel, WheelPart
 
 DATA = b"GGUF" + b"tiny model" * 100
 runner = CliRunner()

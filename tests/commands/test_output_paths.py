@@ -16,6 +16,7 @@ import kvtool.commands.defrag_sim
 import kvtool.commands.defrag_sim.simulator
 import kvtool.commands.parallel  # registers the verbs
 from kvtool.commands import app
+from kvtool.common import registry
 
 runner = CliRunner()
 
@@ -40,7 +41,7 @@ def test_parallel_checks_its_outputs_before_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: str, place: str
 ) -> None:
     path, msg = places(tmp_path)[place]
-    monkeypatch.setattr(kvtool, "resolve_model", forbidden)
+    monkeypatch.setattr(registry, "resolve_model", forbidden)
     r = runner.invoke(app, ["parallel", "-np", "1", "-ns", "1", flag, str(path)])
     assert isinstance(r.exception, kvtool.KvtoolError) and msg in str(r.exception), r.exception
     assert (tmp_path / "notes.txt").read_text() == "my notes\n"

@@ -10,7 +10,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize as ref_dequantize
 
-from kvtool import registry
+from kvtool.common import registry
 from kvtool.kernels.dequant import dequantize, supported_types
 
 T = GGMLQuantizationType

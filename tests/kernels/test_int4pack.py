@@ -10,7 +10,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as ref_dequantize
 from gguf.quants import quantize
 
-from kvtool import registry
+from kvtool.common import registry
 from kvtool.gguf_file import GGUFFile
 from kvtool.kernels.int4pack import (
     _pack_nibbles,

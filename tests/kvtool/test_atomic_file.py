@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtool import FileKind, KvtoolError, check_writable, write_file
+from kvtool import KvtoolError
 from kvtool.atomic_file import atomic_write
+from kvtool.common.files import FileKind, check_writable, write_file
 
 NOTES = FileKind("a kvtool note", rb"NOTE")
 
@@ -183,7 +184,7 @@ def test_an_error_inside_the_block_is_the_callers(tmp_path: Path) -> None:
 def test_a_model_cache_that_takes_no_file_is_one_line_before_the_download(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: str
 ) -> None:
-    from kvtool import registry
+    from kvtool.common import registry
 
     (tmp_path / "file").write_text("x")
     monkeypatch.setenv("KVTOOL_CACHE_DIR", cache if cache.startswith("/") else str(tmp_path / cache / "sub"))

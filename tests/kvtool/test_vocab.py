@@ -9,7 +9,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from kvtool import registry
+from kvtool.common import registry
 from kvtool.errors import TokenizerError
 from kvtool.gguf_file import GGUFFile
 from kvtool.vocab import Vocab

@@ -31,8 +31,8 @@ def test_threads_flag_sets_the_threads_the_run_reports(tiny_llama_path: Path) ->
 
 
 def test_context_flags_map_to_context_params(tiny_llama: kvtool.Model) -> None:
-    p = common.context_params(300, 64, 16, 3, True, True, "f16", "bf16")
-    assert p == kvtool.ContextParams(
+    flags = common.ContextFlags(300, 64, 16, kv_unified=True, swa_full=True, type_k="f16", type_v="bf16")
+    assert flags.params(3) == kvtool.ContextParams(
         n_ctx=300,
         n_batch=64,
         n_ubatch=16,
@@ -46,7 +46,7 @@ def test_context_flags_map_to_context_params(tiny_llama: kvtool.Model) -> None:
 
 def test_an_uneven_split_is_one_line_on_the_console(tiny_llama: kvtool.Model) -> None:
     out = io.StringIO()
-    params = common.context_params(1000, 512, 512, 3, False, False)
+    params = common.ContextFlags(ctx_size=1000, batch_size=512).params(3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing may escape as a Python warning
         ctx = common.make_context(tiny_llama, params, Console(file=out, width=200))
@@ -72,8 +72,8 @@ def test_fetch_bar_ends_with_the_verified_size() -> None:
     [(None, None, "none"), (0.0, None, "none"), (-1.0, "on-fail", "on-fail"), (0.25, None, "threshold=0.25")],
 )
 def test_defrag_flags_map_to_one_policy(thold: float | None, mode: str | None, want: str) -> None:
-    assert common.defrag_setting(thold, mode) == want
-    assert common.context_params(256, 64, 16, 1, False, False, defrag=want).defrag == want
+    assert common.DefragFlags(thold, mode).setting() == want
+    assert common.ContextFlags().params(1, defrag=want).defrag == want
 
 
 @pytest.mark.parametrize(

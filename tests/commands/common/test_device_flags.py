@@ -38,7 +38,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     ],
 )
 def test_device_setting(device: str | None, ngl: int | None, want: str) -> None:
-    assert common.device_setting(device, ngl) == want
+    assert common.devices.device_setting(device, ngl) == want
 
 
 @pytest.mark.parametrize(
@@ -53,7 +53,7 @@ def test_device_setting(device: str | None, ngl: int | None, want: str) -> None:
 )
 def test_device_setting_refuses(device: str | None, ngl: int | None, msg: str) -> None:
     with pytest.raises(kvtool.KvtoolError, match=msg):
-        common.device_setting(device, ngl)
+        common.devices.device_setting(device, ngl)
 
 
 def test_cpu_spellings_give_the_same_tokens(tiny_llama_path: Path) -> None:
@@ -134,7 +134,7 @@ def test_list_devices_names_each_gpu(monkeypatch: pytest.MonkeyPatch, capsys: Ca
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"NVIDIA H100 80GB HBM3 #{i}")
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: ((70 + i) * gib, 80 * gib))
     with pytest.raises(typer.Exit):
-        common._list_devices(True)
+        common.devices.list_devices(True)
     assert capsys.readouterr().out == (
         "Available devices:\n"
         "  CUDA0: NVIDIA H100 80GB HBM3 #0 (81920 MiB, 71680 MiB free)\n"

@@ -13,12 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import kvtool
-import kvtool.commands.defrag_sim
-import kvtool.commands.parallel
 from kvtool.commands import app, main
 from kvtool.commands.defrag_sim.trace import TraceError, read_trace
 from kvtool.commands.defrag_sim.workload import Copy, Decode, Free, Run
+from kvtool.common.cells import read_kv_dims
 from tests.helpers.tiny_gguf import TinyLlama
 
 runner = CliRunner()
@@ -70,7 +68,7 @@ def test_model_bytes_and_given_bandwidth(tiny_llama_path: Path) -> None:
     moved = int(t["on-fail"]["cells_moved"])
     c = TinyLlama()
     cell = c.n_layer * 2 * c.n_head_kv * (c.n_embd // c.n_head) * 2  # layers, K+V, heads, head dim, f16
-    assert kvtool.read_kv_dims(tiny_llama_path).cell_bytes() == cell
+    assert read_kv_dims(tiny_llama_path).cell_bytes() == cell
     assert float(t["on-fail"]["mib_moved"]) == round(moved * cell / 2**20, 1)
     assert float(t["on-fail"]["move_ms"]) == round(1e3 * moved * cell / 1e9, 1)
 

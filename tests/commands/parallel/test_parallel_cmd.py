@@ -16,6 +16,7 @@ import kvtool.commands.batched_bench
 import kvtool.commands.bench
 import kvtool.commands.parallel
 from kvtool.commands import app
+from kvtool.common import registry
 from tests.helpers.sse_server import ServerLog, sse_server
 
 runner = CliRunner()
@@ -134,6 +135,6 @@ def test_system_prompt_from_a_file(tiny_llama, tiny_llama_path: Path, tmp_path: 
 def test_default_requests_have_llama_parallels_shape() -> None:
     from kvtool.commands.parallel.prompts import QUESTIONS, SYSTEM_PROMPT
 
-    m = kvtool.Model(kvtool.resolve_model("smollm2"))
+    m = kvtool.Model(registry.resolve_model("smollm2"))
     assert 280 <= len(m.tokenize(SYSTEM_PROMPT, add_special=True)) <= 300  # llama-parallel's: ~290
     assert all(5 <= len(m.tokenize(q, add_special=False)) <= 20 for q in QUESTIONS)  # one line each

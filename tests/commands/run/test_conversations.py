@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 import kvtool
-from kvtool import ConversationStore, StateError
+from kvtool import StateError
 from kvtool.commands.run.chat import ChatSession
 from kvtool.commands.run.pool import ConversationPool
+from kvtool.common.store import ConversationStore
 
 PARAMS = kvtool.SamplerParams(seed=3, temp=0.8)
 

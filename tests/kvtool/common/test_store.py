@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from kvtool.common.store import ConversationStore
 from kvtool.errors import StateError
-from kvtool.state import ConversationStore
 
 MSG = [{"role": "user", "content": "héllo"}]
 
@@ -44,7 +44,7 @@ def test_not_a_store(tmp_path: Path) -> None:
 
 WRITER = """
 import sys
-from kvtool.state.store import ConversationStore
+from kvtool.common.store import ConversationStore
 db, w = sys.argv[1], int(sys.argv[2])
 with ConversationStore(db) as s:
     for i in range(40):

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtool import ConversationConflictError, StateError
-from kvtool.state import ConversationStore
-from kvtool.state.store import APPLICATION_ID
+from kvtool import StateError
+from kvtool.common.store import APPLICATION_ID, ConversationConflictError, ConversationStore
 
 MSG = [{"role": "user", "content": "hi"}]
 
