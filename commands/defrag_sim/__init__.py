@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # the simulator loads numpy: imported when the verb runs, not
     from kvtool.commands.defrag_sim.workload import LengthDist, Workload
 
 MAX_SEQ = 64  # KVCells' sequence bitset
+PNG = files.FileKind("a PNG image", rb"\x89PNG", "the figure")
 
 
 def _len_dist(text: str, flag: str) -> LengthDist:
@@ -141,7 +142,7 @@ def defrag_sim(
     _check(not bad, f"unknown policy {', '.join(bad)} (choose from {', '.join(POLICIES)})", "--policy")
     _check(plot is None or plot.suffix.lower() == ".png", "the figure is a .png file", "--plot")
     if plot is not None:  # before the simulation: a figure it cannot write is one line now
-        files.check_writable(plot, files.FileKind("a PNG image", rb"\x89PNG", "the figure"))
+        files.check_writable(plot, PNG)
     w, n_ctx, n_ub = _workload(
         trace, clients, requests, arrival, rate, prompt_len, gen_len, n_ctx, seed, ubatch
     )
@@ -184,7 +185,7 @@ def defrag_sim(
     if plot is not None:
         from kvtool.commands.defrag_sim.plot import plot as draw
 
-        draw(results, plot, f"{w.name}; {info['kv']}")
+        files.write_file(plot, draw(results, f"{w.name}; {info['kv']}"), PNG)
         print(f"defrag-sim: figure written to {plot}", file=sys.stderr)
 
 

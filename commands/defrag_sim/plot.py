@@ -3,7 +3,7 @@ spent on holes), and the cell map (which sequence holds each cell, over time).""
 
 from __future__ import annotations
 
-from pathlib import Path
+import io
 from typing import cast
 
 import numpy as np
@@ -30,8 +30,8 @@ def _rgb(cell_map: np.ndarray) -> np.ndarray:
     return out
 
 
-def plot(results: list[SimResult], path: Path, title: str) -> None:
-    """Writes the figure (matplotlib, no display needed)."""
+def plot(results: list[SimResult], title: str) -> bytes:
+    """The figure as PNG bytes (matplotlib, no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -75,5 +75,7 @@ def plot(results: list[SimResult], path: Path, title: str) -> None:
     axes[-1][1].set_xlabel("decode step")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=90)
     plt.close(fig)
+    return png.getvalue()

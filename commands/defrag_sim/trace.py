@@ -13,12 +13,16 @@ a removal from every sequence (seq_rm(-1, ...)) is one `free` per sequence.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
-from typing import IO, Any
+from types import TracebackType
+from typing import Any, BinaryIO
 
-from kvtool import Batch, Context, KvtoolError
+from kvtool import Batch, Context
+from kvtool.commands.defrag_sim.names import TRACE_KIND
 from kvtool.commands.defrag_sim.workload import Copy, Decode, Free, Op, Run, Workload, op_end
+from kvtool.common import files
 
 VERSION = 1
 
@@ -26,13 +30,13 @@ VERSION = 1
 class TraceRecorder:
     """Writes a trace while `kvtool parallel` runs: wrap the context with `wrap` and hand the
     wrapper to the simulation; successful decodes and whole-sequence removals and copies are
-    recorded (a failed decode is rolled back by the engine, so it allocated nothing)."""
+    recorded (a failed decode is rolled back by the engine, so it allocated nothing). Used as a
+    context manager: the trace replaces `path` atomically when the block ends without an
+    error; after an error (or an interrupt) `path` is left as it was."""
 
     def __init__(self, path: Path, ctx: Context) -> None:
-        try:
-            self._f: IO[str] = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
-        except OSError as e:
-            raise KvtoolError(f"cannot write the trace {path}: {e.strerror}") from None
+        self._writing = contextlib.ExitStack()
+        self._f: BinaryIO = self._writing.enter_context(files.atomic_write(path, TRACE_KIND))
         self._unified = ctx.params.kv_unified
         self._n_seq = ctx.params.n_seq_max
         self.step = 0
@@ -47,7 +51,7 @@ class TraceRecorder:
         )
 
     def _write(self, d: dict[str, Any]) -> None:
-        self._f.write(json.dumps(d, separators=(",", ":")) + "\n")
+        self._f.write((json.dumps(d, separators=(",", ":")) + "\n").encode())
 
     def _event(self, event: str, seq: int, **extra: int) -> None:
         stream = 0 if self._unified else seq
@@ -84,8 +88,13 @@ class TraceRecorder:
         """A view of `ctx` whose decode and memory seq_rm/seq_cp are recorded."""
         return _TracedContext(ctx, self)  # type: ignore[return-value]
 
-    def close(self) -> None:
-        self._f.close()
+    def __enter__(self) -> TraceRecorder:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._writing.__exit__(kind, error, tb)
 
 
 class _TracedMemory:

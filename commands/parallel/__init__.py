@@ -20,6 +20,7 @@ from rich.text import Text
 
 import kvtool
 from kvtool.commands import app, common
+from kvtool.commands.defrag_sim.names import TRACE_KIND
 from kvtool.commands.parallel.http import HttpParallelSim
 from kvtool.commands.parallel.prompts import QUESTIONS, SYSTEM_PROMPT, read_prompts
 from kvtool.commands.parallel.sim import Client, ParallelParams, ParallelSim, ParallelSummary, RequestRecord
@@ -99,9 +100,8 @@ def _summary(s: ParallelSummary, prompt_file: str, where: str, n_failed: int) ->
         out.print(Text(f"Failed requests:     {n_failed:6d}", style="bold red"))
 
 
-# what --json and --trace may replace: a file they wrote before (or an empty one)
+# what --json may replace: a summary it wrote before (or an empty file)
 _JSON_KIND = files.FileKind("a kvtool parallel summary", rb'\{\s*"mode"', "the summary")
-_TRACE_KIND = files.FileKind("a kvtool trace", rb'\{"kvtool_trace"', "the trace")
 
 
 @app.command("parallel")
@@ -171,7 +171,7 @@ def parallel(
     ] = None,
 ) -> None:
     """Simulate clients sending requests to a server (llama-parallel)."""
-    for path, kind in ((json_out, _JSON_KIND), (trace, _TRACE_KIND)):  # before the run, not after it
+    for path, kind in ((json_out, _JSON_KIND), (trace, TRACE_KIND)):  # before the run, not after it
         if path is not None:
             files.check_writable(path, kind)
     prompts = list(QUESTIONS)
@@ -201,49 +201,49 @@ def parallel(
     rec: TraceRecorder | None = None
     if server is not None and trace is not None:
         raise typer.BadParameter("records a local run, not --server", param_hint="--trace")
-    if server is not None:
-        sim = HttpParallelSim(server, params, model=load.model, timeout=timeout)
-        where = f"{server} (model '{load.model}')"
-        out.print(f"parallel: simulating {n_parallel} clients against {server}")
-    else:
-        m = common.load_model(load, err)
-        # sequence 0 holds the system prompt; the geometry (n_ctx_seq) is printed below
-        n_seq_max = n_parallel + 1
-        cp = context.params(n_seq_max, compaction.setting())
-        ctx = common.make_context(m, cp, None)
-        from kvtool.commands.defrag_sim.trace import TraceRecorder  # loads the simulator's numpy
-
-        rec = TraceRecorder(trace, ctx) if trace is not None else None
-        sim = ParallelSim(rec.wrap(ctx) if rec is not None else ctx, params)
-        where = str(m.path)
-        out.print("parallel: simulating parallel requests from clients:")
-        out.print(
-            f"parallel: n_parallel = {n_parallel}, n_sequences = {n_sequences}, "
-            f"cont_batching = {int(cont_batching)}, system tokens = {len(sim.system_tokens)}, "
-            f"kv_unified = {int(context.kv_unified)}, n_ctx = {ctx.n_ctx}, n_ctx_seq = {ctx.n_ctx_seq}"
-        )
-        if pps:
-            out.print("parallel: evaluating the system prompt once (seq 0), copied to each client")
-    out.print()
-    live = not no_progress and err.is_terminal
-    with (
-        Live(
-            get_renderable=lambda: _view(sim, n_sequences),
-            console=err,
-            refresh_per_second=4,
-            transient=True,
-            redirect_stdout=sys.stdout.isatty(),
-            redirect_stderr=False,
-        )
-        if live
-        else contextlib.nullcontext()
-    ):
-        if isinstance(sim, ParallelSim):
-            summary = sim.run(_started, lambda r: _finished(r, n_sequences), _missed)
+    recording = contextlib.ExitStack()  # the trace replaces its file only after a whole run
+    with recording:
+        if server is not None:
+            sim = HttpParallelSim(server, params, model=load.model, timeout=timeout)
+            where = f"{server} (model '{load.model}')"
+            out.print(f"parallel: simulating {n_parallel} clients against {server}")
         else:
-            summary = sim.run(on_finish=lambda r: _finished(r, n_sequences))
-    if rec is not None:
-        rec.close()
+            m = common.load_model(load, err)
+            # sequence 0 holds the system prompt; the geometry (n_ctx_seq) is printed below
+            n_seq_max = n_parallel + 1
+            cp = context.params(n_seq_max, compaction.setting())
+            ctx = common.make_context(m, cp, None)
+            from kvtool.commands.defrag_sim.trace import TraceRecorder  # loads the simulator's numpy
+
+            rec = recording.enter_context(TraceRecorder(trace, ctx)) if trace is not None else None
+            sim = ParallelSim(rec.wrap(ctx) if rec is not None else ctx, params)
+            where = str(m.path)
+            out.print("parallel: simulating parallel requests from clients:")
+            out.print(
+                f"parallel: n_parallel = {n_parallel}, n_sequences = {n_sequences}, "
+                f"cont_batching = {int(cont_batching)}, system tokens = {len(sim.system_tokens)}, "
+                f"kv_unified = {int(context.kv_unified)}, n_ctx = {ctx.n_ctx}, n_ctx_seq = {ctx.n_ctx_seq}"
+            )
+            if pps:
+                out.print("parallel: evaluating the system prompt once (seq 0), copied to each client")
+        out.print()
+        live = not no_progress and err.is_terminal
+        with (
+            Live(
+                get_renderable=lambda: _view(sim, n_sequences),
+                console=err,
+                refresh_per_second=4,
+                transient=True,
+                redirect_stdout=sys.stdout.isatty(),
+                redirect_stderr=False,
+            )
+            if live
+            else contextlib.nullcontext()
+        ):
+            if isinstance(sim, ParallelSim):
+                summary = sim.run(_started, lambda r: _finished(r, n_sequences), _missed)
+            else:
+                summary = sim.run(on_finish=lambda r: _finished(r, n_sequences))
     failed = [r for r in summary.records if r.stop == "error"]
     _summary(summary, str(file) if file else "used built-in defaults", where, len(failed))
     if json_out is not None:

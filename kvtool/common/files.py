@@ -4,6 +4,6 @@ through the same writer; this is where the tools reach it."""
 
 from __future__ import annotations
 
-from kvtool.atomic_file import FileKind, check_writable, write_file
+from kvtool.atomic_file import FileKind, atomic_write, check_writable, write_file
 
-__all__ = ["FileKind", "check_writable", "write_file"]
+__all__ = ["FileKind", "atomic_write", "check_writable", "write_file"]

@@ -3,6 +3,7 @@ errors; and a trace recorded by `kvtool parallel --trace` replayed on the tiny m
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import kvtool
+import kvtool.commands.parallel  # registers the verb (the suite may run this file alone)
 from kvtool.commands import app, main
 from kvtool.commands.defrag_sim.trace import TraceError, read_trace
 from kvtool.commands.defrag_sim.workload import Copy, Decode, Free, Run
@@ -215,3 +218,58 @@ def test_replay_without_a_compaction_is_one_line(
     last = err.splitlines()[-1]  # after the timing line: known only once simulated
     assert e.value.code == 2 and last.startswith("error: --replay: no policy compacted")
     assert err.count("error") == 1
+
+
+def test_an_interrupted_trace_leaves_the_old_file(
+    tiny_llama_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trace goes through the atomic writer: a run stopped halfway (Ctrl-C here) leaves the
+    previous trace whole and no temporary file beside it."""
+    from kvtool.commands.parallel.sim import ParallelSim
+
+    tr = tmp_path / "t.jsonl"
+    old = b'{"kvtool_trace":1,"n_ctx":64,"n_seq":2,"n_ubatch":16,"kv_unified":true}\n'
+    tr.write_bytes(old)
+    real = ParallelSim.run
+
+    def interrupted(self: ParallelSim, *a: object, **k: object) -> None:
+        self.ctx.decode(kvtool.Batch.from_tokens([5, 6, 7], seq_id=1))  # recorded, then stopped
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ParallelSim, "run", interrupted)
+    args = [
+        "parallel",
+        "--no-progress",
+        "-m",
+        str(tiny_llama_path),
+        "-ns",
+        "2",
+        "-n",
+        "4",
+        "--trace",
+        str(tr),
+    ]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 130  # typer turns the interrupt into Abort
+    assert tr.read_bytes() == old and sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl"]
+    monkeypatch.setattr(ParallelSim, "run", real)
+    r = runner.invoke(app, args, catch_exceptions=False)
+    assert r.exit_code == 0 and tr.read_bytes() != old and read_trace(tr)[1]["n_seq"] == 2
+
+
+def test_the_figure_replaces_its_file_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A figure that fails halfway through being written leaves the previous one whole."""
+    from matplotlib.figure import Figure
+
+    png = tmp_path / "f.png"
+    png.write_bytes(b"\x89PNG old")
+
+    def broken(self: Figure, fname: object, **k: object) -> None:
+        with open(fname, "wb") if isinstance(fname, (str, Path)) else contextlib.nullcontext(fname) as f:
+            f.write(b"\x89PNG\r\n\x1a\n half")  # type: ignore[union-attr]
+        raise MemoryError
+
+    monkeypatch.setattr(Figure, "savefig", broken)
+    with pytest.raises(MemoryError):
+        runner.invoke(app, ["defrag-sim", *SMALL, "--plot", str(png)], catch_exceptions=False)
+    assert png.read_bytes() == b"\x89PNG old" and [p.name for p in tmp_path.iterdir()] == ["f.png"]
