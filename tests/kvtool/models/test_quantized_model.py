@@ -120,3 +120,26 @@ def test_compiled_decoder_layers_in_the_portable_build(
     op_by_op = decode_script(model, False, "f16")
     assert dec is not None and dec._caches  # the compiled call ran
     assert all(torch.equal(a, b) for a, b in zip(compiled, op_by_op, strict=True))
+
+
+def test_without_a_compiler_the_model_runs_on_torchs_int4_matmul(
+    model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No C compiler (or a build that failed): no compiled kernel at all; the Q4_1 matrices are
+    packed for torch's int4pack matmul and the Q8_0 ones stay float32, prompt and decode run
+    end to end, and the logits stay those of the float32 weights (int4pack dequantizes Q4_1
+    exactly; its bfloat16 activations are the difference)."""
+    exact = Model(model_path, weights="f32")
+    tokens = [1, 5, 9, 3, 7, 11, 4, 8, 2, 6, 12, 10]
+    want = logits(exact, tokens, 1)
+    monkeypatch.setattr(cpu_lib, "lib", lambda: None)
+    model = Model(model_path)
+    layer = model.impl.layers[0]
+    assert model.impl.decoder is None
+    assert isinstance(layer.ffn_down, QuantLinear) and layer.ffn_down.native is None
+    assert layer.ffn_down.packed is not None
+    for step in (1, len(tokens)):  # decode rows (int4pack) and a prompt (dense float32 GEMMs)
+        got = logits(model, tokens, step)
+        err = (got - want).abs().max() / want.abs().max()
+        assert float(err) < 0.03, (step, float(err))
+        assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
