@@ -16,7 +16,7 @@ from kvtool.errors import StateError
 from kvtool.memory.base import Commit
 
 if TYPE_CHECKING:
-    from kvtool.memory.recurrent import RecurrentMemory
+    from kvtool.memory.recurrent.memory import RecurrentMemory
     from kvtool.state.io import StateReader, StateWriter
 
 

@@ -19,8 +19,7 @@ the batch until the batch's last ubatch is done, and that exact removal restores
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,51 +40,18 @@ from kvtool.memory.base import (
     SeqRm,
     pos_range,
 )
-from kvtool.memory.recurrent_cells import RSCells
-from kvtool.memory.recurrent_states import RSStates, Snapshot
+from kvtool.memory.recurrent.cells import RSCells
+from kvtool.memory.recurrent.context import RecurrentContext
+from kvtool.memory.recurrent.state_part import read_state, write_state
+from kvtool.memory.recurrent.states import RSStates, Snapshot
+from kvtool.memory.recurrent.view import RSLayerSpec
 
 if TYPE_CHECKING:
     from kvtool.batch import UBatch
-    from kvtool.memory.recurrent_context import RecurrentContext
     from kvtool.memory.spec import MemoryParams
     from kvtool.state.io import StateReader, StateWriter
 
 _MAX_POS = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class RSLayerSpec:
-    """The per-sequence state of one recurrent layer (without the sequence dimension)."""
-
-    conv_shape: tuple[int, ...]  # Mamba: (d_conv - 1, channels); RWKV: token shift (2, n_embd)
-    ssm_shape: tuple[int, ...]  # Mamba: (d_inner, d_state); Mamba-2: (n_head, head_dim, d_state)
-
-    def numel(self) -> int:
-        n_conv = n_ssm = 1
-        for d in self.conv_shape:
-            n_conv *= d
-        for d in self.ssm_shape:
-            n_ssm *= d
-        return n_conv + n_ssm
-
-
-@dataclass
-class RSView:
-    """What a recurrent layer computes with for the current ubatch (sequence b = block b).
-
-    `conv`/`ssm` are the states before the ubatch (zeros for a sequence with no state yet).
-    `store` takes the states after it: `[n_seqs, *shape]` when `n_states == 1`, otherwise
-    `[n_seqs, n_states, *shape]`, the states after each of the ubatch's trailing `n_states`
-    tokens of each sequence, oldest first (the memory keeps them as rollback snapshots)."""
-
-    conv: torch.Tensor  # [n_seqs, *conv_shape] f32
-    ssm: torch.Tensor  # [n_seqs, *ssm_shape] f32
-    n_states: int = 1
-    sink: Callable[[torch.Tensor, torch.Tensor], None] = field(default=lambda c, s: None, repr=False)
-
-    def store(self, conv: torch.Tensor, ssm: torch.Tensor) -> None:
-        """Writes the states after the ubatch (see the class docstring for the shapes)."""
-        self.sink(conv, ssm)
 
 
 @dataclass(frozen=True)
@@ -307,8 +273,6 @@ class RecurrentMemory(PartBatches, SeqOps):
         return True
 
     def context(self, ubatches: list[UBatch], plan: object) -> RecurrentContext:
-        from kvtool.memory.recurrent_context import RecurrentContext
-
         return RecurrentContext(self, ubatches)
 
     def begin_batch(self, first_pos: dict[int, int]) -> None:
@@ -324,11 +288,7 @@ class RecurrentMemory(PartBatches, SeqOps):
 
     # -- state ----------------------------------------------------------------------------------
     def state_write(self, w: StateWriter, seq: int | None) -> None:
-        from kvtool.memory.recurrent_state import write_state
-
         write_state(self, w, seq)
 
     def state_read(self, r: StateReader, seq: int | None) -> Commit:
-        from kvtool.memory.recurrent_state import read_state
-
         return read_state(self, r, seq)

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvtool.memory.base import GraphInputs, MemoryStatus
-from kvtool.memory.recurrent import RSView
+from kvtool.memory.recurrent.view import RSView
 
 if TYPE_CHECKING:
     from kvtool.batch import UBatch
-    from kvtool.memory.recurrent import RecurrentMemory
+    from kvtool.memory.recurrent.memory import RecurrentMemory
 
 
 class RecurrentContext:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from kvtool.memory.recurrent import RSLayerSpec
+    from kvtool.memory.recurrent.view import RSLayerSpec
 
 Snapshot = dict[str, dict[int, torch.Tensor]]  # tensor name -> layer -> one slot's data
 
