@@ -113,3 +113,54 @@ def test_the_public_api_is_llama_h_sized() -> None:
     assert not [
         m for m in kvtool._WHERE.values() if m.startswith("kvtool.common") and m != "kvtool.common.registry"
     ]
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_imports(path: Path, known: set[str]) -> set[str]:
+    """The engine modules `path` imports when it runs, at the top or inside a function
+    (imports under `if TYPE_CHECKING:` never run)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for a in node.names:
+                name = f"{node.module}.{a.name}"
+                out.add(name if name in known else node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out & known
+
+
+def test_the_engine_has_no_import_cycle() -> None:
+    """An import inside a function is still a dependency: no engine module depends on itself
+    through others (the facade, which names every module, is left out)."""
+    paths = {
+        _module(p): p
+        for p in (ROOT / "kvtool").rglob("*.py")
+        if "common" not in p.relative_to(ROOT).parts and p != ROOT / "kvtool" / "__init__.py"
+    }
+    graph = {m: _runtime_imports(p, set(paths)) - {m} for m, p in paths.items()}
+    cycles = []
+    for start in graph:  # a path from a module's imports back to itself
+        seen, todo = set(), list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m == start:
+                cycles.append(start)
+                break
+            if m not in seen:
+                seen.add(m)
+                todo += graph[m]
+    assert cycles == []
