@@ -6,7 +6,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
-#ifdef __linux__
+#if defined(__linux__) && !defined(KV_POOL_NO_FUTEX)
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -36,27 +36,41 @@ static atomic_int g_pending;  /* workers still on the current task */
 static atomic_int g_sleeping; /* workers waiting on the futex */
 static task_t *volatile g_task;
 
-static void futex_wait(atomic_int *addr, int val) {
-#ifdef __linux__
+/* A worker that found no task sleeps until the generation moves on: a futex on Linux, a
+ * condition variable elsewhere (KV_POOL_NO_FUTEX builds that path on Linux too, for its test). */
+#if defined(__linux__) && !defined(KV_POOL_NO_FUTEX)
+static void gen_wait(atomic_int *addr, int val) {
     syscall(SYS_futex, (int *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
-#else
-    (void)addr;
-    (void)val;
-    sched_yield();
-#endif
 }
 
-static void futex_wake_all(atomic_int *addr) {
-#ifdef __linux__
+static void gen_wake_all(atomic_int *addr) {
     syscall(SYS_futex, (int *)addr, FUTEX_WAKE_PRIVATE, MAX_THREADS, NULL, NULL, 0);
-#else
-    (void)addr;
-#endif
 }
+#else
+static pthread_mutex_t g_wait_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_wait_cond = PTHREAD_COND_INITIALIZER;
+
+static void gen_wait(atomic_int *addr, int val) {
+    /* checked under the lock the waker broadcasts under: a move between the check and the
+     * wait cannot be missed */
+    pthread_mutex_lock(&g_wait_lock);
+    while (atomic_load(addr) == val) pthread_cond_wait(&g_wait_cond, &g_wait_lock);
+    pthread_mutex_unlock(&g_wait_lock);
+}
+
+static void gen_wake_all(atomic_int *addr) {
+    (void)addr;
+    pthread_mutex_lock(&g_wait_lock);
+    pthread_cond_broadcast(&g_wait_cond);
+    pthread_mutex_unlock(&g_wait_lock);
+}
+#endif
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+    __asm__ __volatile__("yield");
 #endif
 }
 
@@ -71,7 +85,7 @@ static void *worker(void *arg) {
                 cpu_relax();
             } else {
                 atomic_fetch_add(&g_sleeping, 1);
-                if (atomic_load(&g_gen) == seen) futex_wait(&g_gen, seen);
+                if (atomic_load(&g_gen) == seen) gen_wait(&g_gen, seen);
                 atomic_fetch_sub(&g_sleeping, 1);
                 spins = 0;
             }
@@ -88,6 +102,10 @@ static void after_fork_child(void) { /* the workers did not survive the fork */
     atomic_store(&g_pending, 0);
     atomic_store(&g_sleeping, 0);
     pthread_mutex_init(&g_lock, NULL);
+#if !defined(__linux__) || defined(KV_POOL_NO_FUTEX)
+    pthread_mutex_init(&g_wait_lock, NULL);
+    pthread_cond_init(&g_wait_cond, NULL);
+#endif
 }
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -135,7 +153,7 @@ void kv_parallel(kv_task_fn fn, void *ctx, int64_t n_items, int64_t min_chunk) {
         g_task = &T;
         atomic_store(&g_pending, g_n_workers);
         atomic_fetch_add(&g_gen, 1);
-        if (atomic_load(&g_sleeping) > 0) futex_wake_all(&g_gen);
+        if (atomic_load(&g_sleeping) > 0) gen_wake_all(&g_gen);
         run_task(&T);
         for (int spins = 0; atomic_load(&g_pending) > 0; spins++) {
             if (spins < SPIN) cpu_relax();

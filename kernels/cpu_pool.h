@@ -1,6 +1,6 @@
 /* The CPU kernels' thread pool (cpu_pool.c): the caller computes one share of a task, workers
- * the rest. Workers spin briefly after a task, then sleep on a futex, so they cost nothing
- * between tokens. One task runs at a time (a lock), so kernels may be called from any thread. */
+ * the rest. Workers spin briefly after a task, then sleep (a futex on Linux, a condition
+ * variable elsewhere), so they cost nothing between tokens. One task runs at a time (a lock), so kernels may be called from any thread. */
 #ifndef KVTOOL_CPU_POOL_H
 #define KVTOOL_CPU_POOL_H
 
