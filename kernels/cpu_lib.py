@@ -1,11 +1,14 @@
 """The compiled CPU kernels (cpu_pool.c, qmatmul.c, attention_cpu.c, rope_store_cpu.c,
 decoder_cpu.c): built once per machine, loaded with ctypes.
 
-`cc -O3 -march=native` builds every C file of this folder into one shared object in the user's
-cache (`$XDG_CACHE_HOME/kvtool/kernels`), keyed by the sources, the compiler and the CPU's flags;
-a build is written to a temporary name and renamed, so concurrent processes are safe. No
-compiler, a failed build or `KVTOOL_NATIVE=0` means `lib()` is None and callers keep their torch
-paths.
+`cc -O3` for this CPU (`-march=native` on x86, `-mcpu=native` on ARM, as llama.cpp's native
+builds) builds every C file of this folder into one shared object in the user's cache
+(`$XDG_CACHE_HOME/kvtool/kernels`), keyed by the sources, the compiler and the CPU's features
+(/proc/cpuinfo where there is one, else the compiler's own macros for the native target); a
+build is written to a temporary name and renamed, so concurrent processes are safe. A compiler
+that refuses the native flag gets a portable build; no compiler, a failed build or
+`KVTOOL_NATIVE=0` means `lib()` is None and callers keep their torch paths. Each of these says
+so in one warning.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -34,6 +39,7 @@ def _cache_dir() -> Path:
 
 
 def _cpu_flags() -> str:
+    """The CPU's feature flags as Linux lists them ("" where /proc/cpuinfo is not there)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
@@ -50,33 +56,68 @@ def _compiler() -> str | None:
     return None
 
 
-def build(cc: str, portable: bool = False) -> Path | None:
-    """The shared object for this source, compiler and CPU, built if not yet in the cache;
-    `portable` leaves out -march=native (the plain C path, which tests compare with)."""
-    srcs = _sources()
-    src = b"".join(p.read_bytes() for p in [*srcs, *sorted(_DIR.glob("*.h"))])
+def native_flags() -> list[str]:
+    """The flag that targets this CPU: x86's -march=native, ARM's -mcpu=native."""
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64", "i386", "i686"):
+        return ["-march=native"]
+    if machine in ("aarch64", "arm64") or machine.startswith("arm"):
+        return ["-mcpu=native"]
+    return []
+
+
+def _target(cc: str, portable: bool) -> bytes | None:
+    """What a build depends on besides the sources: the compiler's version and the CPU
+    features it targets (the flags Linux lists, else the compiler's predefined macros for the
+    native target, which name them on any system). None: the compiler does not run."""
+    flags = [] if portable else native_flags()
+    features = _cpu_flags().encode()
+    cmd = [cc, "--version"] if features else [cc, *flags, "-dM", "-E", "-x", "c", os.devnull]
     try:
-        version = subprocess.run([cc, "--version"], capture_output=True, timeout=30).stdout
+        r = subprocess.run(cmd, capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
-    key = hashlib.sha256(src + version + _cpu_flags().encode() + bytes([portable])).hexdigest()[:16]
+    return r.stdout + features + platform.machine().encode() + bytes([portable])
+
+
+def build(cc: str, portable: bool = False) -> Path | None:
+    """The shared object for this source, compiler and CPU, built if not yet in the cache;
+    `portable` leaves out the native flag (the plain C path, which tests compare with)."""
+    return _build(cc, portable)[0]
+
+
+def _build(cc: str, portable: bool) -> tuple[Path | None, str]:
+    """(the shared object, "") or (None, why it could not be built)."""
+    srcs = _sources()
+    src = b"".join(p.read_bytes() for p in [*srcs, *sorted(_DIR.glob("*.h"))])
+    target = _target(cc, portable)
+    if target is None:
+        return None, f"{cc} does not run"
+    key = hashlib.sha256(src + target).hexdigest()[:16]
     out = _cache_dir() / f"kvtool-cpu-{key}.so"
     if out.exists():
-        return out
+        return out, ""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
-        flags = ["-O3", "-fPIC", "-shared", "-pthread", "-std=c11"] + ([] if portable else ["-march=native"])
+        flags = ["-O3", "-fPIC", "-shared", "-pthread", "-std=c11"] + ([] if portable else native_flags())
         cmd = [cc, *flags, "-o", tmp, *map(str, srcs), "-lm"]
-        r = subprocess.run(cmd, capture_output=True, timeout=120)
+        r = subprocess.run(cmd, capture_output=True, timeout=300)
         if r.returncode != 0:
             os.unlink(tmp)
-            return None
+            return None, _first_error(r.stderr.decode(errors="replace")) or f"{cc} exited {r.returncode}"
         os.replace(tmp, out)  # atomic: a concurrent build of the same key writes the same bytes
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, str(getattr(e, "strerror", None) or e)
+    return out, ""
+
+
+def _first_error(output: str) -> str:
+    """The compiler's first error line, for a one-line warning."""
+    lines = [x.strip() for x in output.splitlines() if x.strip()]
+    errors = [x for x in lines if "error" in x.lower()]
+    return (errors or lines or [""])[0][:200]
 
 
 def load(path: Path) -> ctypes.CDLL | None:
@@ -108,14 +149,34 @@ def load(path: Path) -> ctypes.CDLL | None:
     return lib
 
 
+_FALLBACK = "quantized matmuls run on torch's int4 kernel and attention on torch's (slower)"
+
+
 @functools.cache
 def lib() -> ctypes.CDLL | None:
-    """The kernels built for this machine, or None where they cannot be."""
+    """The kernels built for this machine, or None where they cannot be (with a warning that
+    says why and what runs instead)."""
     if os.environ.get("KVTOOL_NATIVE", "1") == "0":
         return None
     cc = _compiler()
-    path = build(cc) if cc else None
-    return load(path) if path is not None else None
+    if cc is None:
+        warnings.warn(f"no C compiler ($CC, cc, gcc, clang) for the CPU kernels: {_FALLBACK}", stacklevel=2)
+        return None
+    path, why = _build(cc, portable=False)
+    if path is None and native_flags():
+        path, why_portable = _build(cc, portable=True)
+        if path is not None:
+            flag = " ".join(native_flags())
+            warnings.warn(f"CPU kernels built without {flag} ({why}): the portable C code runs", stacklevel=2)
+        else:
+            why = why_portable
+    if path is None:
+        warnings.warn(f"the CPU kernels did not build ({why}): {_FALLBACK}", stacklevel=2)
+        return None
+    loaded = load(path)
+    if loaded is None:
+        warnings.warn(f"the CPU kernels in {path} did not load: {_FALLBACK}", stacklevel=2)
+    return loaded
 
 
 def set_threads(n: int) -> None:
