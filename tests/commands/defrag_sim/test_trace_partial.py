@@ -22,20 +22,19 @@ def test_partial_removals_are_recorded_and_replayed(
 ) -> None:
     ctx = kvtool.Context(tiny_llama, ContextParams(n_ctx=512, n_seq_max=2, kv_unified=unified))
     path = tmp_path / "t.jsonl"
-    rec = TraceRecorder(path, ctx)
-    traced = rec.wrap(ctx)
     used = []
-    traced.decode(Batch.from_tokens(list(range(3, 13)), 0, 0))
-    used.append(ctx.n_used_cells())
-    traced.memory.seq_cp(0, 1, -1, -1)
-    assert traced.memory.seq_rm(0, 6, -1)  # the tail of 0
-    assert traced.memory.seq_rm(1, 2, 4)  # a middle of 1
-    traced.decode(Batch.from_tokens([5], 0, 6))
-    used.append(ctx.n_used_cells())
-    assert traced.memory.seq_rm(-1, 8, -1)  # every sequence
-    traced.decode(Batch.from_tokens([6], 1, 8))
-    used.append(ctx.n_used_cells())
-    rec.close()
+    with TraceRecorder(path, ctx) as rec:  # the trace is written when the block ends
+        traced = rec.wrap(ctx)
+        traced.decode(Batch.from_tokens(list(range(3, 13)), 0, 0))
+        used.append(ctx.n_used_cells())
+        traced.memory.seq_cp(0, 1, -1, -1)
+        assert traced.memory.seq_rm(0, 6, -1)  # the tail of 0
+        assert traced.memory.seq_rm(1, 2, 4)  # a middle of 1
+        traced.decode(Batch.from_tokens([5], 0, 6))
+        used.append(ctx.n_used_cells())
+        assert traced.memory.seq_rm(-1, 8, -1)  # every sequence
+        traced.decode(Batch.from_tokens([6], 1, 8))
+        used.append(ctx.n_used_cells())
 
     w, _ = read_trace(path)
     assert w.ops == (
@@ -55,10 +54,9 @@ def test_partial_removals_are_recorded_and_replayed(
 def test_whole_removals_keep_the_short_form(tiny_llama: kvtool.Model, tmp_path: Path) -> None:
     ctx = kvtool.Context(tiny_llama, ContextParams(n_ctx=256, n_seq_max=1))
     path = tmp_path / "t.jsonl"
-    rec = TraceRecorder(path, ctx)
-    traced = rec.wrap(ctx)
-    traced.decode(Batch.from_tokens([3, 4], 0, 0))
-    traced.memory.seq_rm(0, 0, -1)
-    rec.close()
+    with TraceRecorder(path, ctx) as rec:
+        traced = rec.wrap(ctx)
+        traced.decode(Batch.from_tokens([3, 4], 0, 0))
+        traced.memory.seq_rm(0, 0, -1)
     last = path.read_text().splitlines()[-1]
     assert last == '{"step":1,"event":"free","seq":0,"stream":0}'
