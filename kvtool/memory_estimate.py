@@ -10,8 +10,8 @@ minutes later; llama.cpp reports the same three parts when it builds a context.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
+import psutil
 import torch
 
 from kvtool.errors import KvtoolError
@@ -92,8 +92,9 @@ def estimate_memory(
 
 
 def available_memory(device: str | torch.device = "cpu") -> int | None:
-    """Bytes that can still be allocated on `device`: free GPU memory on CUDA, MemAvailable from
-    /proc/meminfo on CPU; None where that cannot be known (no check then)."""
+    """Bytes that can still be allocated on `device`: free GPU memory on CUDA, the system's
+    available memory on CPU (psutil: MemAvailable on Linux, the equivalent elsewhere); None
+    where that cannot be known (no check then)."""
     dev = torch.device(device)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
@@ -101,12 +102,9 @@ def available_memory(device: str | torch.device = "cpu") -> int | None:
         free, _total = torch.cuda.mem_get_info(dev)
         return int(free)
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+        return int(psutil.virtual_memory().available)
+    except (OSError, RuntimeError):
         return None
-    return None
 
 
 def check_fits(estimate: MemoryEstimate, n_ctx: int, device: str | torch.device = "cpu") -> None:

@@ -11,14 +11,13 @@ but not spending the machine: `'x' * 10**10`, a string doubled in a loop, nested
   `%` and `str.format`, output values) is checked against `max_chars` *before* it is built when
   its size can be known (`'x' * n`, `center(n)`, `'%*d'`, joins), else right after;
 - memory: the process's resident memory may grow by at most `max_growth_bytes` while rendering
-  (read from /proc/self/statm after each large value and every few thousand hooks), which
+  (read with psutil after each large value and every few thousand hooks), which
   bounds the many-medium-values case no single check sees.
 
 Exceeding any bound raises TemplateError with one line."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -27,6 +26,7 @@ from functools import wraps
 from typing import Any
 
 import jinja2
+import psutil
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.nodes import Concat, For
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
@@ -52,11 +52,11 @@ class Limits:
 
 
 def _rss_bytes() -> int:
-    """Resident memory of this process (0 where /proc is not available: no memory bound)."""
+    """Resident memory of this process (psutil, on every system; 0 where it cannot be read:
+    no memory bound then)."""
     try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
+        return int(psutil.Process().memory_info().rss)  # this pid, also in a forked child
+    except (OSError, RuntimeError, psutil.Error):
         return 0
 
 
