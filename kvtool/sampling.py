@@ -1,8 +1,10 @@
 """Token sampling: llama.cpp's default common sampler chain, vectorized over one logits row.
 
 Chain (common/sampling.cpp, default order): penalties -> top_k -> typical_p -> top_p -> min_p
--> temperature -> dist. DRY, top-n-sigma and XTC sit between these stages in llama.cpp but are
-off by default and not implemented here. Each stage follows src/llama-sampling.cpp: top_k <= 0,
+-> temperature -> dist; ``SamplerParams.samplers`` reorders or leaves out stages as llama.cpp's
+--samplers does. DRY, top-n-sigma and XTC sit between these stages in llama.cpp but do nothing
+at their default parameters; kvtool takes their names in the order and does not implement them.
+Each stage (kvtool/sampler_stages.py) follows src/llama-sampling.cpp: top_k <= 0,
 typical_p >= 1, top_p >= 1 and min_p <= 0 switch a stage off; temperature <= 0 makes the final
 pick the argmax of the surviving candidates (lowest id on ties) instead of a random draw.
 As in llama.cpp, every truncating stage keeps at least one candidate (the best), so no setting
@@ -19,8 +21,57 @@ from dataclasses import dataclass, replace
 import torch
 
 from kvtool.errors import KvtoolError
+from kvtool.sampler_stages import (
+    Candidates,
+    draw,
+    greedy,
+    min_p,
+    penalize,
+    temperature,
+    top_k,
+    top_p,
+    typical,
+)
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # "pick a random seed", as in llama.h
+
+# llama.cpp's default --samplers order; dry, top_n_sigma and xtc are no-ops at their defaults
+DEFAULT_SAMPLERS = (
+    "penalties",
+    "dry",
+    "top_n_sigma",
+    "top_k",
+    "typ_p",
+    "top_p",
+    "min_p",
+    "xtc",
+    "temperature",
+)
+_NO_OPS = frozenset({"dry", "top_n_sigma", "xtc"})
+# llama.cpp's spellings of each stage (common_sampler_types_from_names: kebab-case, no dash, aliases)
+_SAMPLER_NAMES = {
+    **{n: n for n in DEFAULT_SAMPLERS},
+    **{n.replace("_", "-"): n for n in DEFAULT_SAMPLERS if "_" in n},
+    **{n.replace("_", ""): n for n in DEFAULT_SAMPLERS if "_" in n},
+    "nucleus": "top_p",
+    "temp": "temperature",
+    "typ": "typ_p",
+}
+
+
+def sampler_order(names: str) -> tuple[str, ...]:
+    """The stages a llama.cpp --samplers value names (separated by ';', any of llama.cpp's
+    spellings, case-insensitive), as canonical names; an unknown name is a KvtoolError."""
+    out = []
+    for raw in names.split(";"):
+        name = raw.strip().lower()
+        if not name:
+            continue
+        if name not in _SAMPLER_NAMES:
+            known = ", ".join(DEFAULT_SAMPLERS)
+            raise KvtoolError(f"unknown sampler '{raw.strip()}' (known: {known})")
+        out.append(_SAMPLER_NAMES[name])
+    return tuple(out)
 
 
 @dataclass
@@ -45,6 +96,7 @@ class SamplerParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     min_keep: int = 0
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS
 
     def check(self) -> None:
         """Raises KvtoolError naming the first parameter that has no meaning."""
@@ -61,142 +113,9 @@ class SamplerParams:
             raise KvtoolError(f"sampler: repeat_last_n must be >= -1, got {self.repeat_last_n}")
         if self.min_keep < 0:
             raise KvtoolError(f"sampler: min_keep must be >= 0, got {self.min_keep}")
-
-
-@dataclass(frozen=True)
-class Candidates:
-    """Tokens still in play. Invariant: ``ids`` ascending, or (``sorted``) by logit descending
-    with lower ids first on ties, so every tie is broken toward the lower id."""
-
-    ids: torch.Tensor  # int64 [n]
-    logits: torch.Tensor  # float32 [n]
-    sorted: bool = False
-
-    @classmethod
-    def from_logits(cls, logits: torch.Tensor, ids: torch.Tensor | None = None) -> Candidates:
-        """All tokens of a float ``[n_vocab]`` row (``ids``: a cached ``arange(n_vocab)``)."""
-        return cls(torch.arange(logits.numel()) if ids is None else ids, logits)
-
-    def take(self, index: torch.Tensor | slice, sorted: bool) -> Candidates:
-        """The candidates at ``index`` (positions or a bool mask), in that order."""
-        return Candidates(self.ids[index], self.logits[index], sorted)
-
-    def sort(self) -> Candidates:
-        """The same candidates by logit descending (lower id first on ties)."""
-        if self.sorted:
-            return self
-        # Stable descending sort keeps the ascending-id order among equal logits.
-        order = torch.sort(self.logits, descending=True, stable=True).indices
-        return self.take(order, sorted=True)
-
-
-def apply_penalties(
-    logits: torch.Tensor, counts: dict[int, int], repeat: float, frequency: float, presence: float
-) -> torch.Tensor:
-    """Penalize the tokens in ``counts`` (token -> occurrences in the window); returns a new row.
-
-    Repeat divides positive logits and multiplies the others (so it always lowers them);
-    frequency subtracts ``count * frequency``, presence subtracts ``presence`` once.
-    """
-    n_vocab = logits.numel()
-    seen = [(t, c) for t, c in counts.items() if 0 <= t < n_vocab]
-    if not seen or (repeat == 1.0 and frequency == 0.0 and presence == 0.0):
-        return logits
-    tokens = torch.tensor([t for t, _ in seen], dtype=torch.int64)
-    count = torch.tensor([c for _, c in seen], dtype=logits.dtype)
-    old = logits[tokens]
-    new = torch.where(old <= 0, old * repeat, old / repeat) - (count * frequency + presence)
-    return logits.index_put((tokens,), new)
-
-
-def top_k(c: Candidates, k: int) -> Candidates:
-    """Keep the ``k`` highest logits (``k <= 0``: off). Result is sorted."""
-    if k <= 0:
-        return c
-    if k >= c.logits.numel() or c.sorted:
-        return c.sort().take(slice(0, k), sorted=True)
-    # topk on the whole row, then sort only the k survivors (in id order, for the tie rule).
-    values, pos = torch.topk(c.logits, k, sorted=False)
-    at_least_kth = c.logits >= values.min()
-    # Ties straddling the cut: keep every tied token and let the stable sort settle them by id.
-    straddle = int(at_least_kth.sum()) > k
-    pos = torch.nonzero(at_least_kth).squeeze(1) if straddle else torch.sort(pos).values
-    return c.take(pos, sorted=False).sort().take(slice(0, k), sorted=True)
-
-
-def _first_index(hit: torch.Tensor, n: int) -> int:
-    """Count to keep: one past the first True in ``hit``, or ``n`` if there is none."""
-    where = torch.nonzero(hit)
-    return int(where[0, 0]) + 1 if where.numel() else n
-
-
-def typical(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
-    """Locally typical sampling: keep the tokens whose surprise is closest to the entropy,
-    until their probability mass exceeds ``p`` (``p >= 1``: off)."""
-    if p >= 1.0:
-        return c
-    c = c.sort()
-    probs = torch.softmax(c.logits.double(), dim=0)
-    entropy = torch.special.entr(probs).sum()
-    order = torch.argsort((-torch.log(probs) - entropy).abs(), stable=True)
-    cum = torch.cumsum(probs[order], dim=0)
-    rank = torch.arange(cum.numel())
-    n_keep = _first_index((cum > p) & (rank >= min_keep - 1), cum.numel())
-    # Restoring positional order keeps the kept subset sorted by logit.
-    return c.take(torch.sort(order[:n_keep]).values, sorted=True)
-
-
-def _nucleus_hits(c: Candidates, log_total: torch.Tensor, p: float, min_keep: int) -> torch.Tensor:
-    """Per sorted position: has the prefix up to it reached mass ``p`` and ``min_keep`` tokens?"""
-    cum = torch.cumsum(torch.exp(c.logits.double() - log_total), dim=0)
-    return (cum >= p) & (torch.arange(1, cum.numel() + 1) >= min_keep)
-
-
-def top_p(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
-    """Nucleus: keep the smallest prefix (by probability) whose mass reaches ``p`` (``p >= 1``: off)."""
-    if p >= 1.0:
-        return c
-    n = c.logits.numel()
-    log_total = torch.logsumexp(c.logits.double(), dim=0)
-    # As llama.cpp does, first try a sorted head of 256: it nearly always holds the nucleus, and
-    # sorting a 262144-token vocabulary costs far more than everything else here.
-    head = c.sort() if c.sorted or n <= 1024 else top_k(c, 256)
-    hit = _nucleus_hits(head, log_total, p, min_keep)
-    if not bool(hit.any()) and head.logits.numel() < n:
-        head = c.sort()
-        hit = _nucleus_hits(head, log_total, p, min_keep)
-    return head.take(slice(0, _first_index(hit, n)), sorted=True)
-
-
-def min_p(c: Candidates, p: float, min_keep: int = 0) -> Candidates:
-    """Keep tokens with probability >= ``p`` times the top probability (``p <= 0``: off)."""
-    if p <= 0.0 or c.logits.numel() == 0:
-        return c
-    # p_i >= p * p_max  <=>  logit_i >= max_logit + log(p): no softmax needed.
-    keep = c.logits >= c.logits.max() + math.log(p)
-    min_keep = max(1, min_keep)  # llama.cpp: the best token survives any p (even p > 1)
-    if int(keep.sum()) >= min_keep:
-        return c.take(keep, sorted=c.sorted)
-    return c.sort().take(slice(0, min_keep), sorted=True)
-
-
-def temperature(c: Candidates, temp: float) -> Candidates:
-    """Divide logits by ``temp`` (> 0; ``temp <= 0`` is handled as greedy by the sampler)."""
-    return Candidates(c.ids, c.logits / temp, c.sorted)
-
-
-def greedy(c: Candidates) -> int:
-    """The candidate with the highest logit, the lowest id on ties."""
-    return int(c.ids[c.logits == c.logits.max()].min())
-
-
-def draw(c: Candidates, generator: torch.Generator) -> int:
-    """One draw from softmax(logits): a single uniform number against the cumulative mass."""
-    cum = torch.cumsum(torch.softmax(c.logits.double(), dim=0), dim=0)
-    u = torch.rand((), generator=generator, dtype=torch.float64)
-    # First index whose running mass exceeds u * total: zero-probability tokens are never chosen.
-    i = int(torch.searchsorted(cum, u * cum[-1], right=True))
-    return int(c.ids[min(i, cum.numel() - 1)])
+        unknown = [s for s in self.samplers if s not in DEFAULT_SAMPLERS]
+        if unknown:
+            raise KvtoolError(f"sampler: unknown stage '{unknown[0]}' (known: {', '.join(DEFAULT_SAMPLERS)})")
 
 
 def _check_logits(row: torch.Tensor) -> None:
@@ -281,21 +200,49 @@ class Sampler:
         p = self._params
         row = logits.detach().reshape(-1).to("cpu", torch.float32)
         _check_logits(row)
-        if p.repeat_last_n != 0:
-            row = apply_penalties(
-                row, self._counts, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
-            )
         if self._all_ids.numel() != row.numel():
             self._all_ids = torch.arange(row.numel())
         c = Candidates.from_logits(row, self._all_ids)
-        if p.temp <= 0.0 and p.typical_p >= 1.0:
+        if _greedy_shortcut(p):
             # top-k, top-p and min-p always keep the best token (lowest id on ties): their
             # passes over the whole row cannot change what greedy picks
+            return greedy(self._stage(c, "penalties") if "penalties" in p.samplers else c)
+        for stage in p.samplers:
+            c = self._stage(c, stage)
+        if "temperature" in p.samplers and p.temp <= 0.0:
             return greedy(c)
-        c = top_k(c, p.top_k)
-        c = typical(c, p.typical_p, p.min_keep)
-        c = top_p(c, p.top_p, p.min_keep)
-        c = min_p(c, p.min_p, p.min_keep)
-        if p.temp <= 0.0:
-            return greedy(c)
-        return draw(temperature(c, p.temp), self._generator)
+        return draw(c, self._generator)
+
+    def _stage(self, c: Candidates, stage: str) -> Candidates:
+        """One stage of the chain on the candidates still in play."""
+        p = self._params
+        if stage == "penalties":
+            if p.repeat_last_n == 0:
+                return c
+            return penalize(c, self._counts, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)
+        if stage == "top_k":
+            return top_k(c, p.top_k)
+        if stage == "typ_p":
+            return typical(c, p.typical_p, p.min_keep)
+        if stage == "top_p":
+            return top_p(c, p.top_p, p.min_keep)
+        if stage == "min_p":
+            return min_p(c, p.min_p, p.min_keep)
+        if stage == "temperature":
+            # llama.cpp's temp_ext: <= 0 keeps only the best token, wherever the stage stands
+            if p.temp <= 0.0:
+                return c.take(c.ids == greedy(c), sorted=c.sorted)
+            return temperature(c, p.temp)
+        assert stage in _NO_OPS, stage
+        return c
+
+
+def _greedy_shortcut(p: SamplerParams) -> bool:
+    """Whether the chain's pick is the best token of the (penalized) row: greedy, no typical
+    stage (it may drop the best token), and the penalties (if any) before every other stage."""
+    if p.temp > 0.0 or "temperature" not in p.samplers:
+        return False
+    if p.typical_p < 1.0 and "typ_p" in p.samplers:
+        return False
+    active = [s for s in p.samplers if s not in _NO_OPS]
+    return "penalties" not in active or active[0] == "penalties"

@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from kvtool.sampling import (
+from kvtool.errors import KvtoolError
+from kvtool.sampler_stages import (
     Candidates,
-    Sampler,
-    SamplerParams,
     apply_penalties,
     greedy,
     min_p,
@@ -20,6 +19,7 @@ from kvtool.sampling import (
     top_p,
     typical,
 )
+from kvtool.sampling import Sampler, SamplerParams
 
 PROBS = [0.05, 0.2, 0.5, 0.1, 0.15]  # ids 0..4; sorted by prob: 2, 1, 4, 3, 0
 OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0}
@@ -306,3 +306,37 @@ def test_greedy_skips_filters_that_cannot_change_its_pick(seed: int) -> None:
         c = Candidates.from_logits(pen)
         c = min_p(top_p(top_k(c, params.top_k), params.top_p, 2), params.min_p, 2)
         assert s.sample(row) == greedy(c)
+
+
+def test_samplers_order_is_llama_cpps_chain_order() -> None:
+    """--samplers: each stage runs where the list puts it (llama.cpp's common_sampler_init)."""
+    row = torch.tensor([3.0, 2.9, 0.0])
+
+    def pick(order: tuple[str, ...], **kw: float) -> int:
+        s = Sampler(SamplerParams(temp=0.0, repeat_penalty=2.0, samplers=order, **{**OFF, **kw}))
+        s.accept(0)  # token 0 seen once: the penalty halves its logit to 1.5
+        return s.sample(row)
+
+    assert pick(("penalties", "temperature")) == 1  # penalized, then greedy
+    assert pick(("temperature", "penalties")) == 0  # greedy first: the penalty comes too late
+    assert pick(("top_k", "penalties", "temperature"), top_k=1) == 0  # only token 0 survives top-k
+    assert pick(("penalties", "top_k", "temperature"), top_k=1) == 1
+    assert pick(("penalties", "temperature"), top_k=1) == 1  # a stage left out does nothing
+
+
+def test_samplers_without_temperature_draw_at_temperature_one() -> None:
+    """As in llama.cpp, --temp acts only through the temperature stage: without it, the chain
+    draws from the logits as they are."""
+    row = torch.tensor([0.0, 0.0])
+    s = Sampler(SamplerParams(seed=3, temp=0.0, samplers=("top_k",), **OFF))
+    assert {s.sample(row) for _ in range(50)} == {0, 1}
+
+
+def test_sampler_names_read_as_llama_cpp_reads_them() -> None:
+    from kvtool.sampling import sampler_order
+
+    assert sampler_order("top-k;TEMP;nucleus;typ;minp;dry") == (
+        "top_k", "temperature", "top_p", "typ_p", "min_p", "dry"
+    )  # fmt: skip
+    with pytest.raises(KvtoolError, match="unknown sampler 'mirostat'"):
+        sampler_order("top_k;mirostat")
