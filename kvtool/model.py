@@ -12,6 +12,7 @@ from kvtool.chat_template import ChatTemplate, select_chat_template
 from kvtool.device import resolve_device
 from kvtool.errors import ModelLoadError
 from kvtool.gguf_file import GGUFFile
+from kvtool.kernels import cpu_lib
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.spec import MemorySpec
 from kvtool.models import ARCHITECTURES, SplitForward
@@ -126,15 +127,20 @@ class Model:
         return self._split.compute(inp, ub, mctx)
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
+        many = ub.n_tokens > QUANT_MAX_ROWS  # a prompt: the batch threads (-tb)
         if not self._native:
+            n = compute_threads(many)
+            if torch.get_num_threads() != n:
+                torch.set_num_threads(n)
             return self.impl.forward(ub, mctx)
         # A few rows: the compiled kernels' pool has the threads and torch computes on one (its
         # other ops are too small to share). Many rows: torch's GEMMs get them. Between ubatches
         # torch stays on one thread: its idle OpenMP workers spin for a while after every
         # parallel region, and would take the cores from the pool's (measured 20 against 12.8
         # ms per token on two cores).
-        n = compute_threads()
-        torch.set_num_threads(1 if ub.n_tokens <= QUANT_MAX_ROWS else n)
+        n = compute_threads(many)
+        cpu_lib.set_threads(n)
+        torch.set_num_threads(n if many else 1)
         try:
             return self.impl.forward(ub, mctx)
         finally:

@@ -6,14 +6,20 @@ from __future__ import annotations
 from kvtool.errors import KvtoolError
 
 _n_threads: int | None = None  # what the application set, or torch's count when first asked
+_n_threads_batch: int | None = None  # for ubatches of many rows (prompts); None: as _n_threads
 
 
-def set_n_threads(n: int | None = None) -> int:
+def set_n_threads(n: int | None = None, n_batch: int | None = None) -> int:
     """Sets the threads decodes compute with (n > 0; None or 0 keeps the current number) and
-    returns that number: torch's threads and the compiled kernels' pool."""
-    global _n_threads
-    if n is not None and n < 0:
-        raise KvtoolError(f"the number of threads must be positive, got {n}")
+    returns that number: torch's threads and the compiled kernels' pool. `n_batch` sets those
+    that ubatches of many rows (prompts) compute with, as llama_set_n_threads' n_threads_batch
+    (llama.cpp's -tb); by default they are the same."""
+    global _n_threads, _n_threads_batch
+    for value in (n, n_batch):
+        if value is not None and value < 0:
+            raise KvtoolError(f"the number of threads must be positive, got {value}")
+    if n_batch:
+        _n_threads_batch = n_batch
     import torch  # here, not at import: `kvtool --help` must not load torch
 
     from kvtool.kernels import cpu_lib
@@ -25,10 +31,13 @@ def set_n_threads(n: int | None = None) -> int:
     return compute_threads()
 
 
-def compute_threads() -> int:
+def compute_threads(batch: bool = False) -> int:
     """The threads heavy work uses: as set by `set_n_threads`, else torch's count when first asked
-    (a model with compiled kernels keeps torch itself on one thread between ubatches)."""
+    (a model with compiled kernels keeps torch itself on one thread between ubatches); `batch`:
+    those of a ubatch of many rows."""
     global _n_threads
+    if batch and _n_threads_batch is not None:
+        return _n_threads_batch
     if _n_threads is None:
         import torch
 
