@@ -47,27 +47,33 @@ class ContextParams:
     device: str | None = None  # where K/V live and the batch computes: None is the model's device
     cuda_graphs: bool = True  # on CUDA, replay captured decode steps (kvtool/graphs.py)
 
+    def check(self) -> DefragPolicy:
+        """Raises KvtoolError naming the first parameter no context can have (before a model is
+        needed: a tool checks its whole sweep before it prints or loads anything); returns the
+        compaction policy `defrag` names."""
+        if not 1 <= self.n_seq_max <= 64:
+            raise KvtoolError(f"n_seq_max must be between 1 and 64, got {self.n_seq_max}")
+        if self.n_ctx < 0:
+            raise KvtoolError(f"n_ctx must be 0 (the model's) or positive, got {self.n_ctx}")
+        if self.n_rs_seq < 0:
+            raise KvtoolError(f"n_rs_seq must be 0 or positive, got {self.n_rs_seq}")
+        if self.n_batch < 1 or self.n_ubatch < 1:
+            raise KvtoolError("n_batch and n_ubatch must be positive")
+        for t in (self.type_k, self.type_v):
+            if t not in _DTYPES:
+                raise KvtoolError(f"unsupported KV cache type '{t}' (f32, f16, bf16)")
+        try:
+            return DefragPolicy.parse(self.defrag, self.defrag_max_moves)
+        except ValueError as e:
+            raise KvtoolError(str(e)) from None
+
 
 class Context:
     """Decodes batches of tokens against a memory that remembers them."""
 
     def __init__(self, model: Model, params: ContextParams | None = None) -> None:
         p = params or ContextParams()
-        if not 1 <= p.n_seq_max <= 64:
-            raise KvtoolError(f"n_seq_max must be between 1 and 64, got {p.n_seq_max}")
-        if p.n_ctx < 0:
-            raise KvtoolError(f"n_ctx must be 0 (the model's) or positive, got {p.n_ctx}")
-        if p.n_rs_seq < 0:
-            raise KvtoolError(f"n_rs_seq must be 0 or positive, got {p.n_rs_seq}")
-        if p.n_batch < 1 or p.n_ubatch < 1:
-            raise KvtoolError("n_batch and n_ubatch must be positive")
-        for t in (p.type_k, p.type_v):
-            if t not in _DTYPES:
-                raise KvtoolError(f"unsupported KV cache type '{t}' (f32, f16, bf16)")
-        try:
-            self.defrag = DefragPolicy.parse(p.defrag, p.defrag_max_moves)
-        except ValueError as e:
-            raise KvtoolError(str(e)) from None
+        self.defrag = p.check()
         self.device = model.device if p.device is None else resolve_device(p.device)
         if self.device != model.device:
             raise KvtoolError(f"context device {self.device} differs from the model's ({model.device})")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -59,11 +60,11 @@ _SAMPLER_NAMES = {
 }
 
 
-def sampler_order(names: str) -> tuple[str, ...]:
-    """The stages a llama.cpp --samplers value names (separated by ';', any of llama.cpp's
-    spellings, case-insensitive), as canonical names; an unknown name is a KvtoolError."""
+def sampler_order(names: Sequence[str]) -> tuple[str, ...]:
+    """The stages `names` give (any of llama.cpp's --samplers spellings, case-insensitive; empty
+    names are skipped), as canonical names; an unknown name is a KvtoolError."""
     out = []
-    for raw in names.split(";"):
+    for raw in names:
         name = raw.strip().lower()
         if not name:
             continue
@@ -113,9 +114,7 @@ class SamplerParams:
             raise KvtoolError(f"sampler: repeat_last_n must be >= -1, got {self.repeat_last_n}")
         if self.min_keep < 0:
             raise KvtoolError(f"sampler: min_keep must be >= 0, got {self.min_keep}")
-        unknown = [s for s in self.samplers if s not in DEFAULT_SAMPLERS]
-        if unknown:
-            raise KvtoolError(f"sampler: unknown stage '{unknown[0]}' (known: {', '.join(DEFAULT_SAMPLERS)})")
+        sampler_order(self.samplers)
 
 
 def _check_logits(row: torch.Tensor) -> None:
@@ -142,7 +141,7 @@ class Sampler:
 
     def __init__(self, params: SamplerParams) -> None:
         params.check()
-        self._params = replace(params)
+        self._params = replace(params, samplers=sampler_order(params.samplers))
         seed = params.seed & 0xFFFFFFFF
         # A random seed is drawn below LLAMA_DEFAULT_SEED so that passing it back reproduces the run.
         self._seed = secrets.randbelow(LLAMA_DEFAULT_SEED) if seed == LLAMA_DEFAULT_SEED else seed

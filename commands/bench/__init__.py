@@ -64,12 +64,9 @@ def _phase_updater(
 _DEFAULTS = {"n_batch": [2048], "n_ubatch": [512], "type_k": ["f32"], "type_v": ["f32"]}
 
 
-def _context(
-    m: kvtool.Model, inst: Instance, test: BenchTest, kv_unified: bool, swa_full: bool = False
-) -> kvtool.Context:
-    """A fresh context just large enough for the test, as llama-bench makes one per test."""
-    params = kvtool.ContextParams(
-        n_ctx=test.n_ctx,
+def _params(inst: Instance, n_ctx: int, kv_unified: bool, swa_full: bool) -> kvtool.ContextParams:
+    return kvtool.ContextParams(
+        n_ctx=n_ctx,
         n_batch=inst.n_batch,
         n_ubatch=inst.n_ubatch,
         n_seq_max=1,
@@ -78,7 +75,13 @@ def _context(
         type_k=inst.type_k,
         type_v=inst.type_v,
     )
-    return kvtool.Context(m, params)
+
+
+def _context(
+    m: kvtool.Model, inst: Instance, test: BenchTest, kv_unified: bool, swa_full: bool = False
+) -> kvtool.Context:
+    """A fresh context just large enough for the test, as llama-bench makes one per test."""
+    return kvtool.Context(m, _params(inst, test.n_ctx, kv_unified, swa_full))
 
 
 @app.command("bench")
@@ -104,6 +107,12 @@ def bench(
     list_devices: common.options.ListDevicesOpt = False,
     n_gpu_layers: common.options.NglOpt = None,
     weights: common.options.WeightsOpt = "auto",
+    flash_attn: Annotated[
+        ListOpt,
+        typer.Option(
+            "-fa", "--flash-attn", help="on or auto (kvtool's attention is always fused); off is refused."
+        ),
+    ] = None,
     output: Annotated[str, typer.Option("-o", "--output", help="md, csv, json or jsonl.")] = "md",
     output_err: Annotated[
         str | None, typer.Option("-oe", "--output-err", help="Also print this format on stderr.")
@@ -128,6 +137,12 @@ def bench(
         "n_threads": _ints(threads, "-t", 1) if threads else [kvtool.set_n_threads()],
         "n_depth": _ints(n_depth or ["0"], "-d"),
     }
+    for fa in flash_attn or []:
+        for v in fa.split(","):
+            common.options.check_flash_attn(v)
+    instances = [[Instance(m, *v) for v in itertools.product(*axes.values())] for m in models]
+    for inst in instances[0]:  # every value checked before the header is printed
+        _params(inst, 1, kv_unified, swa_full).check()
     # like llama-bench, a column appears when its parameter is not at the default
     md_fields = ["model", "size", "params", "backend", "n_threads"]
     md_fields += [f for f, dflt in _DEFAULTS.items() if axes[f] != dflt]
@@ -139,15 +154,16 @@ def bench(
         pr.header()
     rng = random.Random(seed)
     per_model = [
-        [(inst, t) for inst in insts for t in bench_tests(pp, tg, pg, inst.n_depth)]
-        for insts in ([Instance(m, *v) for v in itertools.product(*axes.values())] for m in models)
+        [(inst, t) for inst in insts for t in bench_tests(pp, tg, pg, inst.n_depth)] for insts in instances
     ]
     n_jobs, done = sum(len(j) for j in per_model), 0
     for name, jobs in zip(models, per_model, strict=True):  # a model stays loaded for its tests
         m = common.load_model_with_status(
             name,
             common.progress_console(err, no_progress),
-            common.devices.device_setting(device, n_gpu_layers),
+            common.gpu_layers_device(
+                common.devices.device_setting(device, n_gpu_layers), device, n_gpu_layers, err
+            ),
             weights,
         )
         shown = common.progress_console(err, no_progress)

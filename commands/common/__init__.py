@@ -115,6 +115,7 @@ def load_model_with_status(
     device: str = "cpu",
     weights: str = "auto",
     threads: int | None = None,
+    threads_batch: int | None = None,
 ) -> kvtool.Model:
     """Resolves (fetching a known model if needed, with progress) and loads onto `device`
     (`device_setting`) with `threads` set, under a spinner. A GPU torch cannot use is refused
@@ -129,14 +130,33 @@ def load_model_with_status(
     finally:
         bar.close()
     with timed_status(console, f"loading {path.name}"):  # the load is part of a first token's wait
-        kvtool.set_n_threads(threads)
+        kvtool.set_n_threads(threads, threads_batch)
         return kvtool.Model(path, weights=weights, device=device)
 
 
 def load_model(flags: LoadFlags, console: Console) -> kvtool.Model:
-    """What -m, -dev/-ngl, --weights and -t ask for: the model loaded (`load_model_with_status`,
-    progress on `console`) onto the device they pick, with the threads set."""
-    return load_model_with_status(flags.model, console, flags.device_name(), flags.weights, flags.threads)
+    """What -m, -dev/-ngl, --weights, -t and -tb ask for: the model loaded
+    (`load_model_with_status`, progress on `console`) onto the device they pick, with the
+    threads set."""
+    device = gpu_layers_device(flags.device_name(), flags.device, flags.n_gpu_layers, console)
+    return load_model_with_status(
+        flags.model, console, device, flags.weights, flags.threads, flags.threads_batch
+    )
+
+
+def gpu_layers_device(device: str, named: str | None, n_gpu_layers: int | None, notes: Console) -> str:
+    """`device` as the flags chose it, except that `-ngl N` alone on a machine without a GPU
+    torch can use computes on the CPU with a warning, as llama.cpp does (a command line copied
+    from a GPU machine runs); `--device cuda` there stays an error."""
+    if named is None and device != "cpu" and n_gpu_layers and not kvtool.available_devices():
+        notes.print(
+            plain(
+                f"warning: no usable GPU found, -ngl {n_gpu_layers} is ignored: computing on the CPU",
+                "yellow",
+            )
+        )
+        return "cpu"
+    return device
 
 
 __all__ = [
@@ -149,6 +169,7 @@ __all__ = [
     "check_weights",
     "devices",
     "flags",
+    "gpu_layers_device",
     "load_model",
     "load_model_with_status",
     "make_context",

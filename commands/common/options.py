@@ -34,6 +34,23 @@ UBatchOpt = Annotated[
 ThreadsOpt = Annotated[
     int | None, typer.Option("-t", "--threads", help="CPU threads.", callback=values.bounds(1))
 ]
+ThreadsBatchOpt = Annotated[
+    int | None,
+    typer.Option(
+        "-tb",
+        "--threads-batch",
+        help="CPU threads for prompts (ubatches of many tokens); default: as -t.",
+        callback=values.bounds(1),
+    ),
+]
+FlashAttnOpt = Annotated[
+    str,
+    typer.Option(
+        "-fa",
+        "--flash-attn",
+        help="llama.cpp's flash attention: on or auto (kvtool's attention is always fused); off is refused.",
+    ),
+]
 TypeKOpt = Annotated[str, typer.Option("-ctk", "--cache-type-k", help="K cache type: f32, f16, bf16.")]
 TypeVOpt = Annotated[str, typer.Option("-ctv", "--cache-type-v", help="V cache type: f32, f16, bf16.")]
 SwaFullOpt = Annotated[
@@ -106,6 +123,15 @@ RepeatLastNOpt = Annotated[
     ),
 ]
 SeedOpt = Annotated[int, typer.Option("-s", "--seed", help="RNG seed (-1: random).")]
+SamplersOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--samplers",
+        help="The sampler chain's stages in order, separated by ';' (default: "
+        "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature; "
+        "dry, top_n_sigma and xtc do nothing at llama.cpp's defaults and are not implemented).",
+    ),
+]
 
 DefragTholOpt = Annotated[
     float | None,
@@ -135,7 +161,7 @@ class FlagGroup:
 
 @dataclasses.dataclass(frozen=True)
 class LoadFlags(FlagGroup):
-    """-m, the device flags, --weights and -t: what loads a model."""
+    """-m, the device flags, --weights, -t and -tb: what loads a model."""
 
     model: ModelOpt = registry.DEFAULT_MODEL
     device: DeviceOpt = None
@@ -143,6 +169,7 @@ class LoadFlags(FlagGroup):
     n_gpu_layers: NglOpt = None
     weights: WeightsOpt = "auto"
     threads: ThreadsOpt = None
+    threads_batch: ThreadsBatchOpt = None
 
     def device_name(self) -> str:
         """cpu, cuda or cuda:N, from --device and -ngl."""
@@ -151,7 +178,8 @@ class LoadFlags(FlagGroup):
 
 @dataclasses.dataclass(frozen=True)
 class ContextFlags(FlagGroup):
-    """-c, -b, -ub, -kvu, --swa-full, -ctk, -ctv: the context's geometry and KV types."""
+    """-c, -b, -ub, -kvu, --swa-full, -ctk, -ctv, -fa: the context's geometry, KV types and
+    attention."""
 
     ctx_size: CtxOpt = 4096
     batch_size: BatchOpt = 2048
@@ -160,10 +188,12 @@ class ContextFlags(FlagGroup):
     swa_full: SwaFullOpt = False
     type_k: TypeKOpt = "f32"
     type_v: TypeVOpt = "f32"
+    flash_attn: FlashAttnOpt = "auto"
 
     def params(self, n_seq_max: int, defrag: str = "none", n_rs_seq: int = 0) -> kvtool.ContextParams:
         """The context these flags ask for; `n_seq_max` is the verb's (-np conversations, clients
         plus the system prompt, the largest B...), `defrag` a `DefragFlags.setting()`."""
+        check_flash_attn(self.flash_attn)
         return kvtool.ContextParams(
             n_ctx=self.ctx_size,
             n_batch=self.batch_size,
@@ -208,9 +238,11 @@ class SamplingFlags(FlagGroup):
     repeat_penalty: RepeatPenaltyOpt = 1.0
     repeat_last_n: RepeatLastNOpt = 64
     seed: SeedOpt = -1
+    samplers: SamplersOpt = None
 
     def params(self) -> kvtool.SamplerParams:
-        return kvtool.SamplerParams(
+        """The sampler these flags ask for (--samplers' names are checked when a Sampler is made)."""
+        p = kvtool.SamplerParams(
             seed=self.seed,
             temp=self.temp,
             top_k=self.top_k,
@@ -219,6 +251,22 @@ class SamplingFlags(FlagGroup):
             repeat_penalty=self.repeat_penalty,
             repeat_last_n=self.repeat_last_n,
         )
+        if self.samplers is not None:
+            p.samplers = tuple(self.samplers.split(";"))
+        return p
+
+
+def check_flash_attn(value: str) -> None:
+    """-fa as llama.cpp spells it (on, off, auto; llama-bench's 1 and 0): kvtool's attention is
+    always fused (flash attention on the GPU, SDPA and a fused decode kernel on the CPU), so on
+    and auto are what it does, and off, which it cannot do, is refused."""
+    v = value.strip().lower()
+    if v in ("off", "0", "false", "disabled"):
+        raise kvtool.KvtoolError(
+            "-fa off: kvtool's attention is always fused (flash attention); leave -fa out or give on/auto"
+        )
+    if v not in ("on", "auto", "1", "true", "enabled"):
+        raise kvtool.KvtoolError(f"-fa must be on, off or auto, got '{value}'")
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -335,8 +335,8 @@ def test_samplers_without_temperature_draw_at_temperature_one() -> None:
 def test_sampler_names_read_as_llama_cpp_reads_them() -> None:
     from kvtool.sampling import sampler_order
 
-    assert sampler_order("top-k;TEMP;nucleus;typ;minp;dry") == (
+    assert sampler_order(["top-k", "TEMP", "nucleus", "typ", "minp", "dry"]) == (
         "top_k", "temperature", "top_p", "typ_p", "min_p", "dry"
     )  # fmt: skip
     with pytest.raises(KvtoolError, match="unknown sampler 'mirostat'"):
-        sampler_order("top_k;mirostat")
+        Sampler(SamplerParams(samplers=("top_k", "mirostat")))
