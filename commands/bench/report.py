@@ -8,7 +8,8 @@ from importlib import metadata
 from typing import TextIO
 
 import kvtool
-from kvtool.commands.bench.logic import BenchResult, Instance, cpu_info, model_desc
+from kvtool.commands.bench.logic import BenchResult, Instance, cpu_info
+from kvtool.common.model_desc import model_desc
 
 FIELDS = (
     "build_commit",

@@ -58,3 +58,40 @@ def read_text(path: Path, flag: str) -> str:
     except OSError as e:
         raise typer.BadParameter(f"cannot read {path}: {e.strerror or e}", param_hint=flag) from None
     return data.decode("utf-8", "replace")
+
+
+_ESCAPES = {
+    ord("n"): b"\n",
+    ord("r"): b"\r",
+    ord("t"): b"\t",
+    ord("'"): b"'",
+    ord('"'): b'"',
+    ord("\\"): b"\\",
+}
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def process_escapes(text: str) -> str:
+    """llama.cpp's string_process_escapes (-e, on by default): \\n \\r \\t \\' \\" \\\\ and \\xHH
+    become what they name; any other backslash stays. Works on the UTF-8 bytes, as llama.cpp
+    does; a \\xHH that makes invalid UTF-8 reads as U+FFFD."""
+    data = text.encode("utf-8", "surrogateescape")
+    out = bytearray()
+    i, n = 0, len(data)
+    while i < n:
+        c = data[i]
+        if c != 0x5C or i + 1 >= n:  # not a backslash, or one at the very end
+            out.append(c)
+            i += 1
+            continue
+        e = data[i + 1]
+        if e in _ESCAPES:
+            out += _ESCAPES[e]
+            i += 2
+        elif e == ord("x") and i + 3 < n and data[i + 2] in _HEX and data[i + 3] in _HEX:
+            out.append(int(data[i + 2 : i + 4], 16))
+            i += 4
+        else:
+            out += data[i : i + 2]
+            i += 2
+    return out.decode("utf-8", "replace")

@@ -98,9 +98,12 @@ class ChatSession:
         n_predict: int = -1,
         on_text: Callable[[str], None] | None = None,
         on_prompt: Callable[[int, int], None] | None = None,
+        on_tokens: Callable[[list[int], int], None] | None = None,
     ) -> tuple[str, Generation]:
         """Adds the user's turn, generates the reply (streamed through on_text), records it.
-        `on_prompt(done, total)` follows the prompt's decoding, PROMPT_CHUNK tokens at a time."""
+        `on_prompt(done, total)` follows the prompt's decoding, PROMPT_CHUNK tokens at a time;
+        `on_tokens(tokens, n_held)` sees the turn's prompt tokens before they are decoded, and
+        how many of them the memory already holds."""
         if self.use_template:
             self.messages.append({"role": "user", "content": user_text})
             tokens = self.prompt_tokens()
@@ -118,6 +121,8 @@ class ChatSession:
                 self.messages.pop()
             raise kvtool.KvtoolError("input is empty: the prompt has no tokens and the model adds no BOS")
         tokens = self._shift_to_fit(tokens)
+        if on_tokens is not None:
+            on_tokens(tokens, len(_common_prefix(self.cached, tokens)))
         t0 = time.perf_counter()
         try:
             kept, logits = self._decode_prompt(tokens, on_prompt)

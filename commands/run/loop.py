@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import kvtool
 from kvtool.commands.common.generate import Generation
@@ -11,6 +13,21 @@ from kvtool.commands.common.progress import PromptBar
 from kvtool.commands.run.chat import ChatSession
 from kvtool.commands.run.keeper import Keeper, err
 from kvtool.commands.run.perf import Perf
+from kvtool.commands.run.turns import piped_turns, terminal_turns
+
+
+@dataclass(frozen=True)
+class Display:
+    """What `run` shows besides the reply: llama.cpp's --display-prompt (None: the piped chat
+    echoes its turns, the one-shot prints only the completion), --verbose-prompt, --perf (None:
+    the timings after a one-shot and a short line after each reply; True: also the report when
+    the chat ends; False: none), -mli, -v."""
+
+    display_prompt: bool | None = None
+    verbose_prompt: bool = False
+    perf: bool | None = None
+    multiline: bool = False
+    verbose: bool = False
 
 
 def _write(text: str) -> None:
@@ -18,48 +35,63 @@ def _write(text: str) -> None:
     sys.stdout.flush()
 
 
+_MORE = "--context-shift drops the oldest tokens and goes on, a larger -c holds more"
+
+
 def _stop_note(gen: Generation, ctx: kvtool.Context) -> None:
     if gen.stop == "ctx_full":
         err.print(
-            f"context full (n_ctx = {ctx.n_ctx_seq}): the reply stopped; /clear starts over", style="yellow"
+            f"context full (n_ctx = {ctx.n_ctx_seq}): the reply stopped; /clear starts over, {_MORE}",
+            style="yellow",
         )
     elif gen.stop == "interrupted":
         err.print("(interrupted)", style="yellow")
 
 
-def one_shot(session: ChatSession, prompt: str, n_predict: int, perf: Perf, bar: PromptBar | None) -> None:
+def _piece(model: kvtool.Model, token: int) -> str:
+    return model.token_to_piece(token, special=True).decode("utf-8", "replace")
+
+
+def verbose_prompt(model: kvtool.Model, tokens: list[int], n_kept: int) -> None:
+    """llama.cpp's --verbose-prompt: the prompt's text and its tokens, id -> piece, on stderr;
+    in a chat, the tokens a turn adds after those the memory already holds."""
+    new = tokens[n_kept:]
+    text = b"".join(model.token_to_piece(t, special=True) for t in new).decode("utf-8", "replace")
+    lines = [f"main: prompt: '{text}'", f"main: number of tokens in prompt = {len(new)}"]
+    lines += [f"{t:6d} -> '{_piece(model, t)}'" for t in new]
+    sys.stderr.write("\n".join([*lines, "", ""]))  # as it is: a console would expand tabs
+    sys.stderr.flush()
+
+
+def one_shot(
+    session: ChatSession, prompt: str, n_predict: int, perf: Perf, bar: PromptBar | None, show: Display
+) -> None:
     perf.turn_started()
 
     def write(text: str) -> None:
         perf.text_arrived()
         _write(text)
 
+    if show.display_prompt:  # llama-completion prints the prompt, then its completion
+        _write(prompt)
     try:
-        _, gen = session.respond(prompt, n_predict, write, bar)
+        _, gen = session.respond(
+            prompt, n_predict, write, bar, on_tokens=_tokens_hook(session, show.verbose_prompt)
+        )
     finally:
         if bar is not None:
             bar.close()
     _write("\n")
     _stop_note(gen, session.ctx)
-    for line in perf.lines(session.timings):
-        err.print(line)
+    if show.perf is not False:
+        for line in perf.lines(session.timings):
+            err.print(line)
 
 
-def _read_turns():  # type: ignore[no-untyped-def]
-    """User turns: prompted on a terminal, else one per line of standard input."""
-    if sys.stdin.isatty():
-        import readline  # noqa: F401  (line editing and history for input())
-
-        while True:
-            try:
-                yield input("\n> ")
-            except EOFError:
-                return
-    else:
-        for line in sys.stdin:
-            line = line.rstrip("\n")
-            _write(f"\n> {line}\n")
-            yield line
+def _tokens_hook(session: ChatSession, on: bool):  # type: ignore[no-untyped-def]
+    if not on:
+        return None
+    return lambda tokens, kept: verbose_prompt(session.ctx.model, tokens, kept)
 
 
 # a chat command: a slash and a word ("/usr/bin ..." is a message)
@@ -108,45 +140,48 @@ def _command(keeper: Keeper, text: str, perf: Perf) -> bool:
     return True
 
 
-def chat(
-    keeper: Keeper,
-    n_predict: int,
-    perf: Perf,
-    bar: PromptBar | None,
-    verbose: bool,
-    first: str | None = None,
-) -> None:
+def _turns(first: str | None, show: Display) -> Iterator[str]:
+    echo = None if show.display_prompt is False else _write
+    if first is not None:  # -cnv -p: the prompt is the first turn
+        if echo is not None:
+            echo(f"> {first}\n")
+        yield first
     if sys.stdin.isatty():
-        err.print(
-            "Chat with the model. /help lists the commands, /exit quits; Ctrl-C stops a reply.", style="dim"
-        )
+        yield from terminal_turns(show.multiline, _write)
+    else:
+        yield from piped_turns(show.multiline, echo)
 
-    def turns():  # type: ignore[no-untyped-def]
-        if first is not None:  # -cnv -p: the prompt is the first turn
-            _write(f"> {first}\n")
-            yield first
-        yield from _read_turns()
+
+def chat(
+    keeper: Keeper, n_predict: int, perf: Perf, bar: PromptBar | None, show: Display, first: str | None = None
+) -> int:
+    """The chat until its input ends or /exit; returns the exit status: 1 when a turn was
+    refused (its prompt did not fit the context), else 0."""
+    refused = 0
 
     def write(text: str) -> None:
         perf.text_arrived()
         _write(text)
 
     try:
-        for line in turns():
+        for line in _turns(first, show):
             text = line.strip()
             if not text:
                 continue
             if _COMMAND.match(text):
                 if not _command(keeper, text, perf):
-                    return
+                    break
                 continue
             session = keeper.session
             n0, t0 = session.timings.n_gen, session.timings.t_gen
             perf.turn_started()
             try:
-                _, gen = session.respond(text, n_predict, write, bar)
+                _, gen = session.respond(
+                    text, n_predict, write, bar, on_tokens=_tokens_hook(session, show.verbose_prompt)
+                )
             except kvtool.ContextFullError as e:
-                err.print(f"{e}; /clear starts over", style="yellow")
+                refused += 1
+                err.print(f"error: {e}; the turn was not answered: /clear starts over, {_MORE}", style="red")
                 continue
             except KeyboardInterrupt:  # while the prompt was being decoded: drop the turn
                 err.print("(interrupted)", style="yellow")
@@ -158,9 +193,14 @@ def chat(
             _stop_note(gen, session.ctx)
             dn, dt = session.timings.n_gen - n0, session.timings.t_gen - t0  # this reply's share
             ttft = f", first token {perf.ttft * 1e3:.0f} ms" if perf.ttft is not None else ""
-            err.print(f"{len(gen.tokens)} tokens, {dn / dt if dt > 0 else 0:.1f} t/s{ttft}", style="dim")
-            if verbose:
+            if show.perf is not False:
+                err.print(f"{len(gen.tokens)} tokens, {dn / dt if dt > 0 else 0:.1f} t/s{ttft}", style="dim")
+            if show.verbose:
                 for row in perf.lines(session.timings):
                     err.print(row, markup=False, style="dim")
     except KeyboardInterrupt:  # Ctrl-C at the prompt leaves the chat
         _write("\n")
+    if show.perf:
+        for row in perf.lines(keeper.session.timings):
+            err.print(row, markup=False)
+    return 1 if refused else 0

@@ -22,6 +22,7 @@ class TinyLlama:
     n_ctx_train: int = 512
     rope_base: float = 10000.0
     seed: int = 0
+    chat_template: str | None = None  # tokenizer.chat_template, if any
 
 
 def spm_vocab() -> tuple[list[str], list[float], list[int]]:
@@ -88,6 +89,8 @@ def write_tiny_llama(path: Path, cfg: TinyLlama = TinyLlama()) -> Path:
     add_dims(w, cfg, 1e-5)
     w.add_rope_dimension_count(hd)
     n_vocab = add_spm_vocab(w)
+    if cfg.chat_template is not None:
+        w.add_chat_template(cfg.chat_template)
     lin, norm = random_weights(rng)
 
     w.add_tensor("token_embd.weight", rng.standard_normal((n_vocab, cfg.n_embd)).astype(np.float32))

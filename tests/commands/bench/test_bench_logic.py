@@ -14,10 +14,10 @@ from kvtool.commands.bench.logic import (
     BenchResult,
     BenchTest,
     bench_tests,
-    model_desc,
     run_bench_test,
     stdev,
 )
+from kvtool.common.model_desc import model_desc
 
 
 def test_test_names_and_order() -> None:

@@ -59,12 +59,12 @@ def test_store_names_list_and_print_as_they_are(
     store = tmp_path / "[/x]" / "chats.db"
     store.parent.mkdir(parents=True)
     turns = "hello\n/save [bold]copy\\\n/list\n"
-    args = ["run", "-m", str(tiny_llama_path), "-n", "2", "--store", str(store), "--conversation", "[/x]"]
+    args = ["run", "-m", str(tiny_llama_path), "-n", "2", "--store", str(store), "--conversation-name", "[/x]"]
     r = kvtool_cli(monkeypatch, capsys, *args, stdin=turns)
     assert r.code == 0, r.err
     assert "saved as '[bold]copy\\'" in r.err
     assert "\n[bold]copy\\ (2)\n" in r.err  # the /list line
-    r = kvtool_cli(monkeypatch, capsys, *args, "--conversation", "[bold]copy\\", stdin="/list\n")
+    r = kvtool_cli(monkeypatch, capsys, *args, "--conversation-name", "[bold]copy\\", stdin="/list\n")
     assert r.code == 0 and "(conversation '[bold]copy\\': 2 messages" in r.err, r.err
     r = kvtool_cli(monkeypatch, capsys, "state", "list", "--store", str(store))
     assert r.code == 0, r.err

@@ -179,7 +179,7 @@ def test_a_chat_process_does_not_overwrite_another_ones_turns(
     other.close_all()
     cmd = [sys.executable, "-m", "kvtool.commands", "run", "-m", str(tiny_llama_path), "-n", "2", "-c", "512"]
     p = subprocess.Popen(
-        [*cmd, "--store", str(db), "--conversation", "c"],
+        [*cmd, "--store", str(db), "--conversation-name", "c"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

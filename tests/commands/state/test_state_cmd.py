@@ -116,8 +116,8 @@ def test_run_session_resumes_and_saves(tiny_llama_path: Path, tmp_path: Path) ->
 def test_run_store_conversations_and_list(tiny_llama_path: Path, tmp_path: Path) -> None:
     m, db = str(tiny_llama_path), str(tmp_path / "c.db")
     args = ["run", "-m", m, "-n", "3", "--temp", "0", "-c", "1024", "--store", db]
-    cli(*args, "--conversation", "cats", stdin="the cat\n/load dogs\nthe dog\n/save dogs2\n")
-    cli(*args, "--conversation", "cats", stdin="more cats\n")
+    cli(*args, "--conversation-name", "cats", stdin="the cat\n/load dogs\nthe dog\n/save dogs2\n")
+    cli(*args, "--conversation-name", "cats", stdin="more cats\n")
     out = cli("state", "list", "--store", db)
     for name in ("cats", "dogs", "dogs2"):
         assert name in out
