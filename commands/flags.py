@@ -11,35 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvtool import KvtoolError
-
-_NO_OFFLOAD = "the KV cache lives on the model's device (--device cpu|cuda, or -ngl N)"
-_ONE_DEVICE = "kvtool computes on one device, chosen with --device cpu|cuda (or -ngl N); it does not split"
-
-# llama.cpp flags kvtool has no counterpart for, each spelling -> what kvtool offers instead
-LLAMA_ONLY: dict[str, str] = {}
-for _names, _offer in [
-    (("-nkvo", "--no-kv-offload"), _NO_OFFLOAD),
-    (("-fa", "--flash-attn"), "kvtool chooses its attention kernel itself; there is no switch"),
-    (("-sm", "--split-mode", "-ts", "--tensor-split", "-mg", "--main-gpu"), _ONE_DEVICE),
-    (("--mlock", "--no-mmap"), "kvtool reads the GGUF itself; there is no mmap or mlock switch"),
-    (
-        ("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file"),
-        "-m takes a known name (`kvtool models`) or a GGUF path",
-    ),
-    (("--host", "--port"), "kvtool has no server; `kvtool parallel --server URL` drives one"),
-    (("-i", "--interactive", "-if", "--interactive-first"), "`kvtool run` without -p is the chat"),
-    (("-st", "--single-turn"), "`kvtool run -p TEXT` answers one turn and exits"),
-    (
-        ("--chat-template", "--chat-template-file"),
-        "the GGUF's own template is used (--jinja renders it, --no-chat skips it)",
-    ),
-    (("-r", "--reverse-prompt"), "no reverse prompts: the reply stops at end of generation or -n tokens"),
-    (("-md", "--model-draft", "-ngld", "--draft", "--draft-max"), "kvtool has no speculative decoding"),
-    (("-j", "--json-schema", "--grammar", "--grammar-file"), "kvtool has no constrained (grammar) sampling"),
-    (("-co", "--color"), "kvtool colours its notes when stderr is a terminal"),
-]:
-    for _name in _names:
-        LLAMA_ONLY[_name] = _offer
+from kvtool.commands.llama_only import LLAMA_ONLY
 
 
 def _declared(command: Any) -> tuple[set[str], set[str]]:

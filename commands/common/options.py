@@ -104,7 +104,12 @@ NoProgressOpt = Annotated[
 # the sampler's flags, with llama.cpp's meanings; a value without one is a usage error
 TempOpt = Annotated[
     float,
-    typer.Option("--temp", help="Temperature (<= 0: greedy, as in llama.cpp).", callback=values.bounds()),
+    typer.Option(
+        "--temp",
+        "--temperature",
+        help="Temperature (<= 0: greedy, as in llama.cpp).",
+        callback=values.bounds(),
+    ),
 ]
 TopKOpt = Annotated[int, typer.Option("--top-k", help="Top-k (0: off).", callback=values.bounds(0))]
 TopPOpt = Annotated[
@@ -112,6 +117,18 @@ TopPOpt = Annotated[
 ]
 MinPOpt = Annotated[
     float, typer.Option("--min-p", help="Min-p (0.0: off).", callback=values.bounds(0.0, 1.0))
+]
+TypicalOpt = Annotated[
+    float,
+    typer.Option(
+        "--typical", "--typical-p", help="Locally typical sampling (1.0: off).", callback=values.bounds()
+    ),
+]
+PresencePenaltyOpt = Annotated[
+    float, typer.Option("--presence-penalty", help="Presence penalty (0.0: off).", callback=values.bounds())
+]
+FrequencyPenaltyOpt = Annotated[
+    float, typer.Option("--frequency-penalty", help="Frequency penalty (0.0: off).", callback=values.bounds())
 ]
 RepeatPenaltyOpt = Annotated[
     float, typer.Option("--repeat-penalty", help="1.0: off.", callback=values.bounds(0.0, lo_open=True))
@@ -137,6 +154,7 @@ DefragTholOpt = Annotated[
     float | None,
     typer.Option(
         "--defrag-thold",
+        "-dt",
         help="Compact a KV stream when its holes exceed this part of its used span (<= 0: never).",
         callback=values.bounds(hi=1.0, hi_open=True),
     ),
@@ -235,8 +253,11 @@ class SamplingFlags(FlagGroup):
     top_k: TopKOpt = 40
     top_p: TopPOpt = 0.95
     min_p: MinPOpt = 0.05
+    typical: TypicalOpt = 1.0
     repeat_penalty: RepeatPenaltyOpt = 1.0
     repeat_last_n: RepeatLastNOpt = 64
+    presence_penalty: PresencePenaltyOpt = 0.0
+    frequency_penalty: FrequencyPenaltyOpt = 0.0
     seed: SeedOpt = -1
     samplers: SamplersOpt = None
 
@@ -248,8 +269,11 @@ class SamplingFlags(FlagGroup):
             top_k=self.top_k,
             top_p=self.top_p,
             min_p=self.min_p,
+            typical_p=self.typical,
             repeat_penalty=self.repeat_penalty,
             repeat_last_n=self.repeat_last_n,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
         )
         if self.samplers is not None:
             p.samplers = tuple(self.samplers.split(";"))

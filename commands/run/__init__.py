@@ -66,7 +66,11 @@ def run(
     n_predict: Annotated[
         int,
         typer.Option(
-            "-n", "--n-predict", help="Tokens to generate (-1: until end).", callback=common.values.bounds(-1)
+            "-n",
+            "--n-predict",
+            "--predict",
+            help="Tokens to generate (-1: until end).",
+            callback=common.values.bounds(-1),
         ),
     ] = -1,
     context: common.ContextFlags = common.ContextFlags(),
@@ -97,7 +101,8 @@ def run(
     context_shift: Annotated[
         bool,
         typer.Option(
-            "--context-shift", help="When the context fills, discard half of it (after --keep) and go on."
+            "--context-shift/--no-context-shift",
+            help="When the context fills, discard half of it (after --keep) and go on.",
         ),
     ] = False,
     keep: Annotated[
@@ -209,9 +214,8 @@ def run(
         no_chat = True
     if session_file is not None:  # where the chat will be saved: checked before any work
         kvtool.check_state_path(session_file)
-    sp = sampling.params()
     if sampling.samplers is not None:  # its names, checked before the model loads
-        kvtool.Sampler(sp)
+        kvtool.Sampler(sampling.params())
     db = ConversationStore(store) if store is not None else None  # refuses a foreign file now
     t_load_start = time.perf_counter()
     m = common.load_model(load, err if not no_progress else _quiet)
@@ -220,6 +224,7 @@ def run(
     n_seq_max = parallel or (4 if store is not None else 1)
     cp = context.params(n_seq_max, compaction.setting(), rs_seq)
     ctx = common.make_context(m, cp, err)
+    sp = sampling.params()
 
     def new_session(seq: int) -> ChatSession:
         sampler = kvtool.Sampler(sp)

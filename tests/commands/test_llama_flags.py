@@ -61,7 +61,7 @@ def test_version_names_kvtool_torch_and_the_device() -> None:
     [
         (["run", "-nkvo"], "-nkvo"),
         (["run", "--main-gpu", "1"], "--main-gpu"),
-        (["bench", "-fa", "1"], "-fa"),
+        (["bench", "-mmp", "0"], "-mmp"),
         (["parallel", "--host", "x"], "--host"),
     ],
 )
@@ -132,3 +132,39 @@ def test_cache_types_and_unified_kv_on_run(tiny_llama_path: Path) -> None:
     assert got.stdout == want.stdout  # same f32 cache, one buffer or one stream: same tokens
     half = cli("run", "-m", str(tiny_llama_path), *args, "-ctk", "f16", "-ctv", "bf16")
     assert half.returncode == 0, half.stderr
+
+
+def _llama_cpp_flags() -> list[tuple[str, str]]:
+    """(verb, flag) for every spelling of llama-cli/llama-completion (run) and llama-bench (bench)."""
+    out, verb = [], ""
+    for line in (Path(__file__).parents[1] / "data" / "llama_cpp_flags.txt").read_text().splitlines():
+        if line.startswith("["):
+            verb = line.strip("[]")
+        elif line and not line.startswith("#"):
+            out.append((verb, line))
+    return out
+
+
+def test_every_llama_cpp_flag_works_or_says_what_kvtool_offers() -> None:
+    """A llama.cpp flag either is kvtool's too, or is refused naming itself and kvtool's offer:
+    never click's generic 'No such option'."""
+    import typer
+
+    from kvtool import KvtoolError
+    from kvtool.commands import _register, app
+    from kvtool.commands.flags import _declared, check_argv
+
+    _register()
+    group = typer.main.get_command(app)
+    flags = _llama_cpp_flags()
+    assert len(flags) > 400
+    silent = []
+    for verb, flag in flags:
+        if flag in _declared(group.commands[verb])[0]:
+            continue
+        try:
+            check_argv(group, [verb, flag])
+            silent.append((verb, flag))
+        except KvtoolError as e:
+            assert f"has no {flag} (llama.cpp's): " in str(e), str(e)
+    assert silent == []

@@ -76,10 +76,7 @@ def test_half_weights_run(tiny_llama_path: Path) -> None:
     "args",
     [
         ["run", "--device", "cuda", "-p", "hi"],
-        ["run", "-ngl", "99", "-p", "hi"],
-        ["bench", "-ngl", "99"],
         ["batched-bench", "-dev", "cuda"],
-        ["parallel", "--n-gpu-layers", "1"],
         ["state", "save", "--device", "cuda", "-p", "hi", "-o", "/tmp/never-written.kvstate"],
     ],
 )
@@ -90,6 +87,20 @@ def test_a_missing_gpu_is_one_error_before_loading(args: list[str]) -> None:
     line = r.stderr.strip()
     assert line.startswith("error: device 'cuda") and "sees no CUDA GPU" in line, line
     assert "\n" not in line
+
+
+@no_cuda
+@pytest.mark.parametrize(
+    "args", [["run", "-ngl", "99", "-p", "hi"], ["bench", "-ngl", "99"], ["parallel", "--n-gpu-layers", "1"]]
+)
+def test_gpu_layers_without_a_gpu_warn_and_go_on_on_the_cpu(args: list[str]) -> None:
+    """A llama.cpp command line copied from a GPU machine runs (llama.cpp: "no usable GPU
+    found, --gpu-layers option will be ignored"): here it goes on to the missing model."""
+    r = cli(*args, "-m", "/nonexistent/model.gguf")
+    assert r.returncode == 2, r.stderr
+    warning, error = r.stderr.strip().splitlines()
+    assert warning.startswith("warning: no usable GPU found, -ngl") and "computing on the CPU" in warning
+    assert error.startswith("error: ") and "model.gguf" in error
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from kvtool.commands import _register, app
 from kvtool.commands.common.values import bounds
 from tests.helpers.cli import kvtool_cli
 
-CTX = {"-c": ["-1"], "-b": ["0", "-1"], "-ub": ["0"], "-t": ["0", "-1"], "-ngl": ["-1"]}
+CTX = {"-c": ["-1"], "-b": ["0", "-1"], "-ub": ["0"], "-t": ["0", "-1"], "-tb": ["0"], "-ngl": ["-1"]}
 SAMPLER = {
     "--temp": ["nan", "inf", "-inf"],
     "--top-k": ["-1"],
@@ -24,6 +24,9 @@ SAMPLER = {
     "--min-p": ["2", "-0.5"],
     "--repeat-penalty": ["0", "-1", "nan"],
     "--repeat-last-n": ["-2"],
+    "--typical": ["nan"],
+    "--presence-penalty": ["inf"],
+    "--frequency-penalty": ["-inf"],
 }
 # verb (with the flags it requires) -> flag -> values out of range
 TABLE: dict[tuple[str, ...], dict[str, list[str]]] = {
