@@ -31,7 +31,9 @@ def templated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run(mp, cap, model: Path, *args: str, stdin: str = ""):  # type: ignore[no-untyped-def]
-    return kvtool_cli(mp, cap, "run", "-m", str(model), "-n", "2", "--temp", "0", "-c", "512", *args, stdin=stdin)
+    return kvtool_cli(
+        mp, cap, "run", "-m", str(model), "-n", "2", "--temp", "0", "-c", "512", *args, stdin=stdin
+    )
 
 
 def test_the_chat_renders_the_ggufs_own_template_with_its_system_prompt(
