@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -99,9 +100,15 @@ def load(
     ] = -1,
     load: common.LoadFlags = common.LoadFlags(),
     context: common.ContextFlags = common.ContextFlags(),
+    *,
+    click_ctx: typer.Context,
 ) -> None:
-    """Restore a state and print the continuation on stdout (greedy unless --temp > 0)."""
+    """Restore a state and print the continuation on stdout (greedy unless --temp > 0).
+
+    The model, the KV types and the KV layout are the file's unless given (a flag that
+    contradicts the file is refused when the state is read)."""
     info = kvtool.inspect_state(input)
+    load, context = _as_saved(click_ctx, input, info, load, context)
     saved = [s.seq_id for s in info.seqs]
     if info.kind == "context" and seq is not None and seq not in saved:
         raise kvtool.StateError(f"{input} holds sequences {saved}, not {seq}")
@@ -122,6 +129,41 @@ def load(
     err.print(
         f"restored {info.seqs[0].n_cells if info.seqs else 0} cells; generated {len(gen.tokens)} tokens"
     )
+
+
+def _as_saved(
+    click_ctx: typer.Context,
+    path: Path,
+    info: kvtool.StateInfo,
+    load: common.LoadFlags,
+    context: common.ContextFlags,
+) -> tuple[common.LoadFlags, common.ContextFlags]:
+    """-m, -ctk, -ctv and -kvu as the state was saved with, where the command line leaves them out."""
+
+    def given(name: str) -> bool:
+        source = click_ctx.get_parameter_source(name)
+        return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+    if not given("model"):
+        saved = info.model.get("path")
+        if not isinstance(saved, str):
+            raise kvtool.StateError(
+                f"{path} does not record its model's file (an older kvtool saved it): give -m"
+            )
+        if not Path(saved).is_file():
+            raise kvtool.StateError(f"{path} was saved with the model {saved}, which is not there: give -m")
+        load = dataclasses.replace(load, model=saved)
+    layout = info.memory
+    kept = {
+        field: value.lower() if isinstance(value, str) else value
+        for field, key, kind in (
+            ("type_k", "type_k", str),
+            ("type_v", "type_v", str),
+            ("kv_unified", "unified", bool),
+        )
+        if not given(field) and isinstance(value := layout.get(key), kind)
+    }
+    return load, dataclasses.replace(context, **kept)
 
 
 def _next_logits(ctx: kvtool.Context, info: kvtool.StateInfo, seq: int, more: str | None) -> torch.Tensor:

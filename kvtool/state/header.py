@@ -57,6 +57,7 @@ def model_identity(model: Model) -> dict[str, Any]:
     return {
         "arch": model.arch,
         "name": model.name,
+        "path": str(model.path.resolve()),  # where it was loaded from: a reader may load it again
         "fingerprint": model.fingerprint,
         "content": content_hash(model.path),
         "n_vocab": model.n_vocab,
