@@ -60,7 +60,9 @@ SwaFullOpt = Annotated[
 KvUnifiedOpt = Annotated[
     bool,
     typer.Option(
-        "-kvu", "--kv-unified", help="One KV buffer shared by all sequences (else one stream each)."
+        "--kv-unified/--no-kv-unified",
+        "-kvu/-no-kvu",
+        help="One KV buffer shared by all sequences (-no-kvu: one stream each).",
     ),
 ]
 DeviceOpt = Annotated[

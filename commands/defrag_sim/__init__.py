@@ -4,6 +4,7 @@ cost. See docs/defrag.md."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,8 @@ import typer
 
 import kvtool
 from kvtool.commands import app
-from kvtool.commands.common.options import KvUnifiedOpt
+from kvtool.commands.common.options import NoProgressOpt
+from kvtool.commands.common.text import console, plain
 from kvtool.commands.common.values import bounds
 from kvtool.commands.defrag_sim.names import POLICIES
 from kvtool.common import files, registry
@@ -90,7 +92,15 @@ def defrag_sim(
             callback=bounds(1),
         ),
     ] = None,
-    kv_unified: KvUnifiedOpt = False,
+    kv_unified: Annotated[
+        bool | None,
+        typer.Option(
+            "--kv-unified/--no-kv-unified",
+            "-kvu/-no-kvu",
+            help="One KV buffer shared by all sequences (default; a trace: as it was recorded), "
+            "or one stream each.",
+        ),
+    ] = None,
     policy: Annotated[
         list[str] | None, typer.Option("--policy", help=f"Only these (repeat): {', '.join(POLICIES)}.")
     ] = None,
@@ -130,8 +140,13 @@ def defrag_sim(
     ] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the figure to this PNG.")] = None,
     output: Annotated[str, typer.Option("-o", "--output", help="md, csv or json.")] = "md",
+    no_progress: NoProgressOpt = False,
 ) -> None:
-    """Compare KV slot policies on a workload (no model: cell bookkeeping only)."""
+    """Compare KV slot policies on a workload (no model: cell bookkeeping only).
+
+    The default is one KV buffer shared by the clients (-kvu), where their requests leave holes
+    between each other's cells; with -no-kvu each client has its own stream, holds one request
+    at a time, and the policies seldom differ."""
     from kvtool.commands.defrag_sim.policies import Policy
     from kvtool.commands.defrag_sim.report import render, rows
     from kvtool.commands.defrag_sim.simulator import Geometry, simulate, split_ops
@@ -143,9 +158,10 @@ def defrag_sim(
     _check(plot is None or plot.suffix.lower() == ".png", "the figure is a .png file", "--plot")
     if plot is not None:  # before the simulation: a figure it cannot write is one line now
         files.check_writable(plot, PNG)
-    w, n_ctx, n_ub = _workload(
+    w, n_ctx, n_ub, recorded = _workload(
         trace, clients, requests, arrival, rate, prompt_len, gen_len, n_ctx, seed, ubatch
     )
+    kv_unified = recorded if kv_unified is None else kv_unified
     _check(n_ctx >= w.n_seq, f"{n_ctx} cells cannot hold {w.n_seq} streams", "-c")
     _check(n_ub >= 1, "must be >= 1", "-ub")
     geo = Geometry(n_ctx, w.n_seq, kv_unified, n_ub)
@@ -160,9 +176,19 @@ def defrag_sim(
     t0, c0 = time.perf_counter(), time.process_time()
     per_seq = None if kv_unified else split_ops(w)
     n_map = 240 if plot is not None else 0
-    results: list[SimResult] = [
-        simulate(w, Policy(p, defrag_thold, max_moves, page_size), geo, n_map, per_seq) for p in names
-    ]
+    shown = console(stderr=True)
+    status = shown.status("", spinner="dots") if shown.is_terminal and not no_progress else None
+    if status is not None:
+        status.start()
+    try:
+        results: list[SimResult] = []
+        for i, p in enumerate(names):
+            if status is not None:
+                status.update(plain(f"simulating {p} ({i + 1}/{len(names)} policies)"))
+            results.append(simulate(w, Policy(p, defrag_thold, max_moves, page_size), geo, n_map, per_seq))
+    finally:
+        if status is not None:
+            status.stop()
     print(
         f"defrag-sim: {w.n_requests} requests, {w.n_steps} decode steps, {len(names)} policies in "
         f"{time.perf_counter() - t0:.2f} s ({time.process_time() - c0:.2f} s CPU)",
@@ -185,7 +211,12 @@ def defrag_sim(
     if plot is not None:
         from kvtool.commands.defrag_sim.plot import plot as draw
 
-        files.write_file(plot, draw(results, f"{w.name}; {info['kv']}"), PNG)
+        with (
+            shown.status(plain(f"drawing {plot}"), spinner="dots")
+            if shown.is_terminal and not no_progress
+            else contextlib.nullcontext()
+        ):
+            files.write_file(plot, draw(results, f"{w.name}; {info['kv']}"), PNG)
         print(f"defrag-sim: figure written to {plot}", file=sys.stderr)
 
 
@@ -225,7 +256,8 @@ def _workload(
     n_ctx: int | None,
     seed: int,
     ubatch: int | None,
-) -> tuple[Workload, int, int]:
+) -> tuple[Workload, int, int, bool]:
+    """The workload, n_ctx, n_ubatch, and the layout it was recorded with (synthetic: unified)."""
     from kvtool.commands.defrag_sim.trace import TraceError, read_trace
     from kvtool.commands.defrag_sim.workload import SyntheticParams, synthetic
 
@@ -235,7 +267,8 @@ def _workload(
         except TraceError as e:
             raise typer.BadParameter(str(e), param_hint="--trace") from None
         _check(w.n_seq <= MAX_SEQ, f"at most {MAX_SEQ} sequences", "--trace")
-        return w, n_ctx or int(header["n_ctx"]), ubatch or int(header.get("n_ubatch", 512))
+        n_ub = ubatch or int(header.get("n_ubatch", 512))
+        return w, n_ctx or int(header["n_ctx"]), n_ub, bool(header.get("kv_unified", True))
     _check(arrival in ("closed", "poisson"), "expected closed or poisson", "--arrival")
     n = n_ctx or 32768
     p = SyntheticParams(
@@ -248,7 +281,7 @@ def _workload(
         n,
         seed,
     )
-    return synthetic(p), n, ubatch or 512
+    return synthetic(p), n, ubatch or 512, True
 
 
 def _cost(model: str | None, copy_bw: float | None) -> Cost | None:

@@ -17,12 +17,14 @@ import contextlib
 import json
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-from kvtool import Batch, Context
 from kvtool.commands.defrag_sim.names import TRACE_KIND
 from kvtool.commands.defrag_sim.workload import Copy, Decode, Free, Op, Run, Workload, op_end
 from kvtool.common import files
+
+if TYPE_CHECKING:  # the engine's classes load torch: a replay needs none of it
+    from kvtool import Batch, Context
 
 VERSION = 1
 

@@ -273,3 +273,13 @@ def test_the_figure_replaces_its_file_atomically(tmp_path: Path, monkeypatch: py
     with pytest.raises(MemoryError):
         runner.invoke(app, ["defrag-sim", *SMALL, "--plot", str(png)], catch_exceptions=False)
     assert png.read_bytes() == b"\x89PNG old" and [p.name for p in tmp_path.iterdir()] == ["f.png"]
+
+
+def test_the_defaults_show_what_the_policies_differ_in() -> None:
+    """Without flags the clients share one buffer, where their requests leave holes: the
+    policies' rows differ (in one stream per client they all tie)."""
+    out = json.loads(cli("--requests", "200", "-o", "json"))
+    rows = out["policies"]
+    assert len({json.dumps({k: v for k, v in r.items() if k != "policy"}, sort_keys=True) for r in rows}) == 5
+    split = json.loads(cli("--requests", "200", "-o", "json", "-no-kvu"))
+    assert split["kv"].startswith("split") and out["kv"].startswith("unified")
