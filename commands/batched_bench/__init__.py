@@ -21,7 +21,7 @@ from kvtool.commands.batched_bench.logic import (
 )
 from kvtool.commands.common.values import parse_int_list
 
-err = common.text.console(stderr=True)
+err = common.text.lazy_console(stderr=True)
 
 _HEAD = ("PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s")
 _W = (6, 6, 4, 6, 8, 8, 8, 8, 8, 8)

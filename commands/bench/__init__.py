@@ -7,10 +7,9 @@ import itertools
 import random
 import sys
 from collections.abc import Callable
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 import kvtool
 from kvtool.commands import app, common
@@ -19,7 +18,10 @@ from kvtool.commands.bench.report import Printer, record
 from kvtool.commands.common.values import parse_int_list
 from kvtool.common import registry
 
-err = common.text.console(stderr=True)
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+err = common.text.lazy_console(stderr=True)
 
 
 def _ints(text: list[str], flag: str, lo: int = 0) -> list[int]:
@@ -156,6 +158,8 @@ def bench(
     per_model = [
         [(inst, t) for inst in insts for t in bench_tests(pp, tg, pg, inst.n_depth)] for insts in instances
     ]
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     n_jobs, done = sum(len(j) for j in per_model), 0
     for name, jobs in zip(models, per_model, strict=True):  # a model stays loaded for its tests
         m = common.load_model_with_status(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from importlib import metadata
 from typing import TextIO
 
 import kvtool
@@ -47,6 +46,8 @@ _SHOWN = {"n_threads": "threads", "kv_unified": "kvu"}
 
 
 def _version() -> str:
+    from importlib import metadata  # here: it takes tens of ms to import, and --help needs none
+
     try:
         return f"kvtool-{metadata.version('kvtool')}"
     except metadata.PackageNotFoundError:

@@ -7,10 +7,7 @@ import contextlib
 import time
 import warnings
 from contextlib import AbstractContextManager
-from typing import Any
-
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from typing import TYPE_CHECKING, Any
 
 import kvtool
 from kvtool.commands.common import devices, options, text, values
@@ -24,6 +21,10 @@ from kvtool.commands.common.options import (
 )
 from kvtool.commands.common.text import plain
 from kvtool.common import registry
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 TIMED_REFRESH_PER_SECOND = 2  # spinners shown while a benchmark's clock runs
 
@@ -90,6 +91,8 @@ class FetchBar:
             self._status.start()
         elif stage == "extract":
             if self._bar is None:
+                from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
                 self._status.stop()
                 columns = (TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn())
                 self._bar = Progress(*columns, TransferSpeedColumn(), console=self.console)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 PROMPT_CHUNK = 256  # tokens a prompt is decoded by when its progress is shown
 
@@ -20,6 +23,8 @@ class PromptBar:
         if self._bar is None:
             if done >= total:
                 return
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
             columns = (TextColumn("prompt"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
             self._bar = Progress(*columns, console=self.console, transient=True)
             self._bar.start()

@@ -12,21 +12,47 @@ not parse either. Styles are given with `style=`, never as markup tags."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
-from rich.console import Console
-from rich.text import Text
+
+if TYPE_CHECKING:  # rich takes some 70 ms to import: `--help` and `--version` never need it
+    from rich.console import Console
+    from rich.text import Text
 
 
 def console(stderr: bool = False, quiet: bool = False, soft_wrap: bool = True) -> Console:
     """A console on which every string prints as it is: no markup, no emoji codes, no highlighting."""
+    from rich.console import Console
+
     return Console(
         stderr=stderr, quiet=quiet, soft_wrap=soft_wrap, markup=False, emoji=False, highlight=False
     )
 
 
+class _LazyConsole:
+    """A `console()` made on its first use: a verb's module-level console costs nothing until
+    the verb prints (its --help prints with click)."""
+
+    def __init__(self, stderr: bool, quiet: bool) -> None:
+        self._args = (stderr, quiet)
+        self._made: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._made is None:
+            self._made = console(*self._args)
+        return getattr(self._made, name)
+
+
+def lazy_console(stderr: bool = False, quiet: bool = False) -> Console:
+    """`console(stderr, quiet)`, made when first used (for module-level consoles)."""
+    return cast("Console", _LazyConsole(stderr, quiet))
+
+
 def plain(text: object, style: str = "") -> Text:
     """`text` as a rich Text, which no console reads as markup (spinner and table labels)."""
+    from rich.text import Text
+
     return Text(str(text), style=style)
 
 

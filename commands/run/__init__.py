@@ -21,7 +21,7 @@ from kvtool.commands.run.perf import Perf
 from kvtool.common.registry import DEFAULT_MODEL as DEFAULT
 from kvtool.common.store import ConversationStore
 
-_quiet = common.text.console(stderr=True, quiet=True)  # --no-progress: no spinner while loading
+_quiet = common.text.lazy_console(stderr=True, quiet=True)  # --no-progress: no spinner while loading
 
 
 @app.command("run")

@@ -6,12 +6,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import kvtool
-from kvtool.commands.common.text import console
+from kvtool.commands.common.text import lazy_console
 from kvtool.commands.run.chat import ChatSession
 from kvtool.commands.run.pool import ConversationPool
 from kvtool.common.store import ConversationConflictError, ConversationStore
 
-err = console(stderr=True)
+err = lazy_console(stderr=True)
 
 
 def _note(text: str) -> None:

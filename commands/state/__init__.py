@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 import kvtool
 from kvtool.commands import app, common
@@ -21,7 +20,7 @@ from kvtool.common.store import ConversationStore
 if TYPE_CHECKING:
     import torch
 
-err = common.text.console(stderr=True)
+err = common.text.lazy_console(stderr=True)
 state_app = typer.Typer(
     help="Save a prompt's KV state, continue generating from it, inspect state files and stores.",
     no_args_is_help=True,
@@ -198,6 +197,8 @@ def inspect(file: Annotated[Path, typer.Argument(help="A state file.")]) -> None
     out.print(f"fingerprint: {md.get('fingerprint')}, content {md.get('content')}")
     for line in _memory_lines(info.memory, "memory"):
         out.print(line)
+    from rich.table import Table
+
     table = Table(title="sequences")
     for col in ("seq", "cells", "positions", "tokens"):
         table.add_column(col, justify="right")
@@ -249,6 +250,8 @@ def list_store(
         raise kvtool.StateError(f"no conversation store {store}")
     with ConversationStore(store) as db:
         rows = db.list()
+    from rich.table import Table
+
     table = Table(title=f"conversations in {store}")
     for col in ("name", "model", "tokens", "messages", "bytes", "saved"):
         table.add_column(col, justify="left" if col in ("name", "model", "saved") else "right")
