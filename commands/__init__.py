@@ -6,7 +6,7 @@ import contextlib
 import os
 import sys
 import warnings
-from typing import Annotated, TextIO
+from typing import Annotated, Any, TextIO
 
 import typer
 from typer.core import TyperGroup
@@ -36,7 +36,7 @@ VERBS: dict[str, tuple[str, str]] = {
 class _Verbs(TyperGroup):
     """The root command: its help lists every verb from VERBS, imported or not."""
 
-    def format_commands(self, ctx: typer.Context, formatter: typer.core._click.HelpFormatter) -> None:
+    def format_commands(self, ctx: Any, formatter: Any) -> None:  # click's, as typer carries it
         with formatter.section("Commands"):
             formatter.write_dl([(name, summary) for name, (_, summary) in VERBS.items()])
 

@@ -59,7 +59,9 @@ def test_list_shows_known_models(cache: Path, args: list[str]) -> None:
     # piped: a header and one whole line per model (no box, no path folded at 80 columns)
     lines = result.output.splitlines()
     assert lines[0].split() == ["NAME", "SIZE", "PRESENT", "PATH", "DESCRIPTION"] and len(lines) == 3
-    assert all(str(registry.model_path(n)) in line for n, line in zip(registry.KNOWN_MODELS, lines[1:]))
+    assert all(
+        str(registry.model_path(n)) in line for n, line in zip(registry.KNOWN_MODELS, lines[1:], strict=True)
+    )
 
 
 @pytest.mark.parametrize("fetch", [["models", "fetch"], ["pull"]])
