@@ -50,3 +50,15 @@ def test_an_engine_warning_is_one_line(tiny_llama_path: Path) -> None:
     lines = [ln for ln in r.stderr.splitlines() if "graphs off" in ln]
     assert lines and all(ln == "warning: graphs off for a test" for ln in lines), r.stderr
     assert "UserWarning" not in r.stderr and "warnings.warn" not in r.stderr
+
+
+def test_every_verb_is_in_the_root_help_table() -> None:
+    """`kvtool --help` lists VERBS without importing the verbs: a verb added without its row
+    (or a row without its verb) fails here."""
+    import typer
+
+    from kvtool.commands import VERBS, _register, app
+
+    _register()
+    group = typer.main.get_command(app)
+    assert set(group.commands) == set(VERBS)
