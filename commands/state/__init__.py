@@ -152,7 +152,7 @@ def _as_saved(
         if not Path(saved).is_file():
             raise kvtool.StateError(f"{path} was saved with the model {saved}, which is not there: give -m")
         load = dataclasses.replace(load, model=saved)
-    layout = info.memory
+    layout = dict(info.memory)  # the saved layout: a dict, not a memory object
     kept = {
         field: value.lower() if isinstance(value, str) else value
         for field, key, kind in (
