@@ -188,8 +188,10 @@ def bench(
                 ctx = _context(m, inst, test, kv_unified, swa_full)
                 r = run_bench_test(ctx, test, reps, rng, not no_warmup, phase, tokens)
                 rec = record(r, inst, m, kv_unified)  # once: every format shows the same test_time
+                progress.stop()  # transient: the spinner leaves the terminal's line to the row
                 for pr in printers:
                     pr.test(rec, test.name, r.samples_ns, r.samples_ts)
+                progress.start()
                 progress.advance(task)
     for pr in printers:
         pr.footer()

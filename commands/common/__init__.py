@@ -47,7 +47,7 @@ def timed_status(console: Console, message: str) -> AbstractContextManager[objec
 def progress_console(console: Console, no_progress: bool) -> Console:
     """Where spinners and bars go: `console`, or nowhere with --no-progress. rich draws them
     only on a terminal, so a pipe or a file gets none either way."""
-    return text.console(stderr=True, quiet=True) if no_progress else console
+    return text.console(stderr=True, quiet=True) if no_progress else text.real_console(console)
 
 
 _WEIGHTS = ("auto", "f32", "f16", "bf16")
@@ -79,7 +79,7 @@ class FetchBar:
     downloads, a byte bar while the GGUF is extracted, a closing line once it is verified."""
 
     def __init__(self, console: Console, name: str) -> None:
-        self.console = console
+        self.console = text.real_console(console)
         self.name = name
         self.t0 = time.perf_counter()
         self._status = console.status(plain(f"pip download {name}"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvtool.commands.common.text import real_console
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
@@ -26,7 +28,7 @@ class PromptBar:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             columns = (TextColumn("prompt"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-            self._bar = Progress(*columns, console=self.console, transient=True)
+            self._bar = Progress(*columns, console=real_console(self.console), transient=True)
             self._bar.start()
             self._task = self._bar.add_task("prompt", total=total)
         self._bar.update(self._task, completed=done)

@@ -38,10 +38,24 @@ class _LazyConsole:
         self._args = (stderr, quiet)
         self._made: Console | None = None
 
-    def __getattr__(self, name: str) -> Any:
+    def made(self) -> Console:
         if self._made is None:
             self._made = console(*self._args)
-        return getattr(self._made, name)
+        return self._made
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.made(), name)
+
+    def __enter__(self) -> Console:  # rich's Live holds its console's lock with `with console:`
+        return self.made().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.made().__exit__(*exc)  # type: ignore[arg-type]
+
+
+def real_console(c: Console) -> Console:
+    """The rich Console itself, for rich's own classes (Progress, Live), which use it as one."""
+    return c.made() if isinstance(c, _LazyConsole) else c
 
 
 def lazy_console(stderr: bool = False, quiet: bool = False) -> Console:
