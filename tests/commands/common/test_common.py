@@ -107,3 +107,19 @@ def test_timed_displays_redraw_slowly_on_a_terminal() -> None:
         assert shown is not None
     with common.timed_status(Console(file=io.StringIO()), "PP = 1") as shown:
         assert shown is None
+
+
+def test_a_lazy_console_is_a_console_to_rich() -> None:
+    """Module-level consoles are made on first use (no rich for --help); rich's Live locks its
+    console with `with console:` and Progress takes the real one (a long prompt's bar)."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from kvtool.commands.common.text import lazy_console, real_console
+
+    lazy = lazy_console(stderr=True)
+    with lazy:
+        pass
+    assert isinstance(real_console(lazy), Console) and real_console(lazy) is real_console(lazy)
+    with Progress(console=real_console(lazy)) as p:
+        p.add_task("x", total=1)
