@@ -42,7 +42,7 @@ def test_a_verbs_own_declaration_replaces_the_groups() -> None:
     r = CliRunner().invoke(app, ["-c", "64"])
     assert r.exit_code == 0, r.output
     assert seen["ctx_size"] == 64 and dataclasses.replace(seen["context"]).ctx_size == 64  # type: ignore[type-var]
-    help_text = CliRunner().invoke(app, ["--help"]).output
+    help_text = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"}).output  # no wrapping
     assert "The verb's own -c." in help_text and "Context size" not in help_text
 
 
