@@ -161,10 +161,10 @@ class Context:
                         break
             logits = _in_batch_order(parts, alloc.n_outputs, self.model.n_vocab)
         except (MemoryError, torch.OutOfMemoryError) as e:
-            self._rollback(alloc)
+            mctx.rollback()
             raise DecodeError(f"compute failed: out of memory ({alloc.n_tokens} tokens)", -3) from e
         except BaseException:
-            self._rollback(alloc)
+            mctx.rollback()
             raise
         self._logits = logits
         self._out_row = out_row
@@ -179,12 +179,6 @@ class Context:
             return False
         upd.apply()
         return True
-
-    def _rollback(self, alloc: BatchAllocator) -> None:
-        """Forget every position this batch may have written (llama.cpp does the same)."""
-        for s in alloc.seq_ids_in_batch():
-            lo = int(min(p for p, sids in zip(alloc.pos, alloc.batch.seq_ids, strict=True) if s in sids))
-            self.memory.seq_rm(s, lo, -1)
 
     def logits(self) -> torch.Tensor:
         """float32 [n_outputs, n_vocab]: the last decode's logits, in batch order."""

@@ -114,6 +114,10 @@ class MemoryContext(Protocol):
     def ubatch(self) -> UBatch: ...
     def layer_view(self, il: int) -> Any: ...
     def graph_inputs(self) -> GraphInputs | None: ...
+    def rollback(self) -> None:
+        """Undoes every `apply()` of this batch so far (a failed decode): the memory is as it
+        was before the first, cells, positions and the rows a ubatch overwrote included."""
+        ...
 
 
 class UpdateContext:
@@ -136,6 +140,11 @@ class UpdateContext:
 
     def graph_inputs(self) -> GraphInputs | None:
         return None
+
+    def rollback(self) -> None:
+        if self.status == MemoryStatus.SUCCESS:
+            raise RuntimeError("a memory update cannot be undone")
+        # NO_UPDATE, FAILED_PREPARE: nothing was applied
 
 
 class NoUpdate(UpdateContext):

@@ -123,6 +123,10 @@ class CompositeContext:
     def layer_view(self, il: int) -> Any:
         return self.parts[self.route[il]].layer_view(il)
 
+    def rollback(self) -> None:
+        for c in reversed(self.parts.values()):
+            c.rollback()
+
     def graph_inputs(self) -> GraphInputs | None:
         """Every part's, or None where one part's views cannot be replayed."""
         parts = [c.graph_inputs() for c in self.parts.values()]

@@ -11,6 +11,7 @@ import torch
 from kvtool.kernels.attention import KQMask
 from kvtool.kernels.visibility import Cells
 from kvtool.memory.base import GraphInputs, MemoryStatus
+from kvtool.memory.kv_cells import KVCells
 
 if TYPE_CHECKING:
     from kvtool.batch import UBatch
@@ -52,9 +53,22 @@ def visibility_from_cells(device: str | torch.device) -> bool:
     return torch.device(device).type == "cuda"
 
 
+@dataclass
+class _Undo:
+    """What a batch's applies changed, to undo a failed decode: each touched stream's cells as
+    they were, and the K/V rows of pre-batch tokens that a ubatch took over (a sliding window
+    reuses cells its ubatch no longer sees, though the state before the batch may still need
+    them, e.g. to resume at an earlier position)."""
+
+    cells: dict[int, KVCells]
+    taken: dict[int, np.ndarray]  # [n_cells] bool per stream: written by this batch
+    rows: list[tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]]  # (rows, K per layer, V)
+
+
 class KVCacheContext:
     """Plan of a batch: ubatches and their cell slots. `apply()` writes the current ubatch's
-    cells and builds the visibility mask every layer of this cache shares."""
+    cells and builds the visibility mask every layer of this cache shares; `rollback()` undoes
+    the applies."""
 
     status = MemoryStatus.SUCCESS
 
@@ -69,6 +83,7 @@ class KVCacheContext:
         self._streams = slice(0, 1)
         self._n_kv = 0
         self._from_cells = visibility_from_cells(cache.params.device)
+        self._undo = _Undo({}, {}, [])
 
     @property
     def ubatch(self) -> UBatch:
@@ -87,6 +102,7 @@ class KVCacheContext:
         rows = []
         for b, (s, idx) in enumerate(zip(streams, self.slots[self.i], strict=True)):
             sl = slice(b * per, (b + 1) * per)
+            self._save(s, idx)
             cache.cells[s].apply(idx, ub.pos[sl], ub.seq_mask[sl])
             rows.append(s * cache.n_cells + idx)
         assert streams == list(range(streams[0], streams[-1] + 1)), "ubatch streams must be consecutive"
@@ -99,6 +115,32 @@ class KVCacheContext:
         else:
             self._mask = self._build_mask(ub, streams, per)  # every layer of this cache shares it
         return True
+
+    def _save(self, s: int, idx: np.ndarray) -> None:
+        """Before cells `idx` of stream `s` are written: the stream's cells at their first
+        write in this batch, and the K/V rows of the cells that held a token before the batch
+        (once: a cell this batch already took over holds one of its own tokens)."""
+        cache, undo = self.cache, self._undo
+        if s not in undo.cells:
+            undo.cells[s] = cache.cells[s].copy()
+            undo.taken[s] = np.zeros(cache.n_cells, dtype=bool)
+        held = idx[(undo.cells[s].pos[idx] != KVCells.EMPTY) & ~undo.taken[s][idx]]
+        undo.taken[s][idx] = True
+        if not len(held):
+            return
+        r = torch.from_numpy(s * cache.n_cells + held).to(cache.params.device)
+        k = [t.index_select(0, r) for t in cache.k_rows.values()]
+        v = [t.index_select(0, r) for t in cache.v_rows.values()]
+        undo.rows.append((r, k, v))
+
+    def rollback(self) -> None:
+        cache = self.cache
+        for r, ks, vs in self._undo.rows:
+            for t, rows in zip((*cache.k_rows.values(), *cache.v_rows.values()), (*ks, *vs), strict=True):
+                t.index_copy_(0, r, rows)
+        for s, cells in self._undo.cells.items():
+            cache.cells[s].restore(cells)
+        self._undo = _Undo({}, {}, [])
 
     def _build_cells(self, ub: UBatch, streams: list[int], per: int) -> Cells:
         """The metadata `_build_mask` reads, on the cache's device ([n_stream_ub, n_kv] cells,

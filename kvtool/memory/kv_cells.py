@@ -53,6 +53,11 @@ class KVCells:
         c.pos, c.seq, c.shift = self.pos.copy(), self.seq.copy(), self.shift.copy()
         return c
 
+    def restore(self, saved: KVCells) -> None:
+        """Takes back the bookkeeping of `saved` (a copy of these cells made earlier)."""
+        self.pos[:], self.seq[:], self.shift[:] = saved.pos, saved.seq, saved.shift
+        self.has_shift, self.head = saved.has_shift, saved.head
+
     def reset(self) -> None:
         self.pos.fill(EMPTY)
         self.seq.fill(0)

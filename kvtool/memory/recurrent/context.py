@@ -61,6 +61,10 @@ class RecurrentContext:
         self._n_states = min(k + 1, t)
         return True
 
+    def rollback(self) -> None:
+        if self.i < len(self.ubatches):  # else the batch ended and there is nothing to undo
+            self.memory.undo_batch()
+
     def graph_inputs(self) -> GraphInputs | None:
         """None: a layer's view gathers its states by slot and stores them back as it goes."""
         return None

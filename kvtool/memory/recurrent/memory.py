@@ -286,6 +286,12 @@ class RecurrentMemory(PartBatches, SeqOps):
     def end_batch(self) -> None:
         self._undo = None
 
+    def undo_batch(self) -> None:
+        """Puts back the state every sequence of the batch had before it (a failed decode)."""
+        for seq in list(self._undo or ()):
+            self._restore(seq)
+        self._undo = None
+
     # -- state ----------------------------------------------------------------------------------
     def state_write(self, w: StateWriter, seq: int | None) -> None:
         write_state(self, w, seq)

@@ -218,10 +218,14 @@ class TokenCounter(SeqOps, PartBatches):
 
     def context(self, ubatches: list[UBatch], plan: object) -> Any:
         counter = self
+        before = self.count.copy()
 
         class Ctx:
             status = MemoryStatus.SUCCESS
             i = 0
+
+            def rollback(self) -> None:
+                counter.count[:] = before
 
             @property
             def ubatch(self) -> UBatch:
