@@ -4,6 +4,7 @@ part, planned on all of them before any changes, so it is all or nothing."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kvtool.errors import StateError
@@ -11,6 +12,7 @@ from kvtool.memory.base import (
     Commit,
     FailedPrepare,
     GraphInputs,
+    MemoryBreakdown,
     MemoryContext,
     MemoryPart,
     MemoryStatus,
@@ -70,6 +72,13 @@ class Composite(SeqOps):
 
     def n_used(self) -> int:
         return next(iter(self.parts.values())).n_used()
+
+    def breakdown(self) -> list[MemoryBreakdown]:
+        return [
+            replace(b, part=f"{name}.{b.part}" if b.part else name)
+            for name, p in self.parts.items()
+            for b in p.breakdown()
+        ]
 
     # -- batches --------------------------------------------------------------------------------
     def init_batch(self, alloc: BatchAllocator, n_ubatch: int) -> MemoryContext:

@@ -17,6 +17,7 @@ from kvtool.memory import kv_cache_state
 from kvtool.memory.base import (
     Clear,
     Commit,
+    MemoryBreakdown,
     MemoryRefused,
     NoUpdate,
     PartBatches,
@@ -132,6 +133,11 @@ class KVCache(SeqOps, PartBatches):
 
     def can_shift(self) -> bool:
         return self.shift_fn is not None
+
+    def breakdown(self) -> list[MemoryBreakdown]:
+        nbytes = sum(t.nbytes for ts in (self.k, self.v) for t in ts.values())
+        kind = "attention" if self.params.swa is None else "sliding_window"
+        return [MemoryBreakdown("", kind, nbytes, self.n_cells, tuple(c.n_used() for c in self.cells))]
 
     # -- sequence operations: planned, then committed --------------------------------------------
     def plan(self, op: SeqOp) -> Commit:

@@ -28,6 +28,7 @@ from kvtool.batch import DecodeError, Split
 from kvtool.memory.base import (
     Clear,
     Commit,
+    MemoryBreakdown,
     MemoryRefused,
     NoUpdate,
     PartBatches,
@@ -142,6 +143,10 @@ class RecurrentMemory(PartBatches, SeqOps):
 
     def n_used(self) -> int:
         return self.cells.n_used()
+
+    def breakdown(self) -> list[MemoryBreakdown]:
+        nbytes = sum(t.nbytes for ts in self.states.t.values() for t in ts.values())
+        return [MemoryBreakdown("", "recurrent", nbytes, self.n_seq_max, (self.n_used(),))]
 
     def init_update(self, optimize: bool = False) -> NoUpdate:
         return NoUpdate()
