@@ -10,10 +10,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 import kvtool
-from kvtool.commands.common.generate import TextStream
 from kvtool.commands.parallel.prompts import QUESTIONS, SYSTEM_PROMPT, pick_requests
+from kvtool.common.prefix import SharedPrefix
+from kvtool.common.scheduler import Scheduler, SchedulerParams
+from kvtool.common.task import Request, Task, TokenOut
 
 REVERSE_PROMPT = "User:"
+MIN_TOKENS = 3  # llama-parallel honours a stop from an answer's third token on
 
 
 @dataclass
@@ -87,11 +90,6 @@ class ParallelSummary:
         return d
 
 
-def _view(batch: kvtool.Batch, i: int, j: int) -> kvtool.Batch:
-    """Tokens i..j of a batch (llama.cpp's batch views)."""
-    return kvtool.Batch(batch.tokens[i:j], batch.pos[i:j], batch.seq_ids[i:j], batch.logits[i:j])
-
-
 @dataclass(frozen=True)
 class ClientStatus:
     """What the live view shows of one client."""
@@ -104,29 +102,29 @@ class ClientStatus:
 
 @dataclass
 class Client:
-    """A simulated client; `seq` is its current request (-1: idle)."""
+    """A simulated client; `seq` is its current request (-1: idle). Client c runs in slot c,
+    sequence c + 1 (sequence 0 holds the shared system prompt)."""
 
     id: int
-    sampler: kvtool.Sampler
-    stream: TextStream
+    seed: int
     seq: int = -1
-    sampled: int = 0
-    n_past: int = 0
     n_prompt: int = 0
     n_junk: int = 0
-    n_decoded: int = 0
-    i_batch: int = -1
-    t_start: float = 0.0
     input: str = ""
-    response: str = ""
+    task: Task | None = None
 
     @property
     def kv_seq(self) -> int:
         return self.id + 1
 
+    @property
+    def n_decoded(self) -> int:
+        return self.task.n_decoded if self.task is not None else 0
+
 
 class ParallelSim:
-    """Runs the simulation; `clients`, `n_gen` and `n_cache_miss` can be read while it runs."""
+    """Runs the simulation on the shared scheduler (kvtool.common.scheduler, as `kvtool serve`);
+    `clients`, `n_tokens` and `n_cache_miss` can be read while it runs."""
 
     def __init__(self, ctx: kvtool.Context, params: ParallelParams) -> None:
         if ctx.params.n_seq_max < params.n_clients + 1:
@@ -138,19 +136,27 @@ class ParallelSim:
         seeds = [params.sampler.seed] * params.n_clients
         if params.sampler.seed < 0:  # different random seeds per client, as llama-parallel
             seeds = [random.getrandbits(31) for _ in range(params.n_clients)]
-        self.clients = [
-            Client(i, kvtool.Sampler(replace(params.sampler, seed=s)), TextStream(ctx.model))
-            for i, s in enumerate(seeds)
-        ]
+        self.clients = [Client(i, s) for i, s in enumerate(seeds)]
         self.system_tokens = ctx.model.tokenize(params.system, add_special=True)
         self.records: list[RequestRecord] = []
-        self.n_cache_miss = 0
         self.n_prompt = 0
         self.n_gen = 0
-        self.n_tokens = 0  # tokens decoded so far (prompts and answers), for live speed
         self.next_seq = 0
         self.t0 = time.perf_counter()
         self._requests = pick_requests(params.prompts, params.n_sequences, params.n_junk, params.prompt_seed)
+        self.sched: Scheduler | None = None
+        self._on_start: Callable[[Client], None] | None = None
+        self._on_finish: Callable[[RequestRecord], None] | None = None
+        self._failed: Task | None = None
+
+    @property
+    def n_cache_miss(self) -> int:
+        return self.sched.stats.n_cache_miss if self.sched is not None else 0
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens decoded so far (prompts and answers), for the live speed."""
+        return self.sched.stats.n_tokens_decoded if self.sched is not None else 0
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -172,37 +178,32 @@ class ParallelSim:
     ) -> ParallelSummary:
         """Serves n_sequences requests; raises kvtool.DecodeError if a batch of one token fails.
         `on_step` runs before each step is built: the memory then holds every live client's
-        tokens up to its pending sampled one (position `n_past`), so it may change the memory
-        as long as each live sequence still ends just before its client's `n_past`, or is empty."""
-        ctx, p = self.ctx, self.p
+        tokens up to its pending sampled one, so it may change the memory as long as each
+        live sequence still ends just before the position that token takes, or is empty."""
+        p = self.p
         self.t0 = time.perf_counter()
+        self._on_start, self._on_finish = on_start, on_finish
+        sources = []
         if p.shared_system and self.system_tokens:  # empty: no system text, no BOS
-            kvtool.decode_tokens(ctx, self.system_tokens, 0, 0)
-            for c in self.clients:
-                ctx.memory.seq_cp(0, c.kv_seq, -1, -1)
+            sources.append(SharedPrefix(self.ctx, 0, self.system_tokens))
+        sp = SchedulerParams(
+            p.n_clients,
+            seqs=[c.kv_seq for c in self.clients],
+            slot_prompt_similarity=0.0,
+            cont_batching=p.cont_batching,
+            sources=sources,
+        )
+        self.sched = sched = Scheduler(self.ctx, sp, on_miss)
         while True:
+            for c in self.clients:
+                if c.seq < 0 and self.next_seq < p.n_sequences:
+                    self._submit(c)
             if on_step is not None:
                 on_step()
-            batch = kvtool.Batch()
-            for c in self.clients:
-                if c.seq >= 0:
-                    c.i_batch = len(batch)
-                    batch.add(c.sampled, c.n_past, (c.kv_seq,), True)
-                    c.n_past += 1
-                    c.n_decoded += 1
-            if len(batch) == 0:  # a wave ended: every client starts again from the system prompt
-                for c in self.clients:
-                    ctx.memory.seq_rm(c.kv_seq, -1, -1)
-                    ctx.memory.seq_cp(0, c.kv_seq, -1, -1)
-            if p.cont_batching or len(batch) == 0:
-                for c in self.clients:
-                    if c.seq < 0 and self.next_seq < p.n_sequences:
-                        self._start(c, batch)
-                        if on_start is not None:
-                            on_start(c)
-            if len(batch) == 0:
+            if not sched.step():
                 break
-            self._decode_step(batch, on_finish, on_miss)
+            if self._failed is not None:
+                raise kvtool.DecodeError(self._failed.error, 1)
         return ParallelSummary(
             p.n_clients,
             p.n_sequences,
@@ -215,95 +216,63 @@ class ParallelSim:
             self.records,
         )
 
-    def _start(self, c: Client, batch: kvtool.Batch) -> None:
+    def _submit(self, c: Client) -> None:
+        """The client's next request: the system transcript, junk turns, its question. Without
+        -pps the text is one prompt without BOS, as llama-parallel tokenizes it."""
         p = self.p
         c.seq = self.next_seq
         self.next_seq += 1
-        c.t_start = self.now()
         c.input, c.n_junk, junk = self._requests[c.seq]
-        c.response = ""
-        c.stream = TextStream(self.ctx.model)
-        c.n_past = len(self.system_tokens) if p.shared_system else 0
         text = "" if p.shared_system else p.system
         for q, a in junk:
             text += f"User:\n{q}\nAssistant:\n {a}\n"
         text += f"User:\n{c.input}\nAssistant:\n"
-        c.sampler.reset()
-        # No BOS: the text continues the system prompt (which has one).
         tokens = self.ctx.model.tokenize(text, add_special=False)
-        for t in tokens:
-            batch.add(t, c.n_past, (c.kv_seq,), False)
-            c.n_past += 1
-        batch.logits[-1] = True
         c.n_prompt = len(tokens)
-        c.n_decoded = 0
-        c.i_batch = len(batch) - 1
+        if p.shared_system:
+            tokens = self.system_tokens + tokens
+        req = Request(
+            tokens,
+            n_predict=p.n_predict if p.n_predict > 0 else -1,
+            sampler=replace(p.sampler, seed=c.seed),
+            stop=(REVERSE_PROMPT,),
+            cache_prompt=False,  # llama-parallel starts every request from the system prompt
+            id_slot=c.id,
+            min_tokens=MIN_TOKENS,
+        )
+        assert self.sched is not None
+        c.task = self.sched.submit(req, self, c)
 
-    def _decode_step(
-        self,
-        batch: kvtool.Batch,
-        on_finish: Callable[[RequestRecord], None] | None,
-        on_miss: Callable[[int], None] | None,
-    ) -> None:
-        """Decodes the step's batch in n_batch views; when the memory has no room for a view,
-        halves n_batch and retries (a cache miss). Clients sample as soon as their token's
-        view is done, so a finished client frees its cells before the next view."""
-        n_batch = self.ctx.n_batch
-        i = 0
-        while i < len(batch):
-            n = min(n_batch, len(batch) - i)
-            try:
-                self.ctx.decode(_view(batch, i, i + n))
-            except kvtool.DecodeError as e:
-                if n_batch == 1 or e.status < 0:
-                    raise kvtool.DecodeError(
-                        f"{e} (n_batch = {n_batch}; raise -c/--ctx-size)", e.status
-                    ) from e
-                self.n_cache_miss += 1
-                n_batch //= 2
-                if on_miss is not None:
-                    on_miss(n_batch)
-                continue
-            self.n_tokens += n
-            for c in self.clients:
-                if c.seq >= 0 and i <= c.i_batch < i + n:
-                    self._sample(c, c.i_batch - i, on_finish)
-            i += n
-            n_batch = self.ctx.n_batch
+    # -- TaskEvents, on the scheduler's step ---------------------------------------------------
+    def on_start(self, task: Task) -> None:
+        if self._on_start is not None:
+            self._on_start(self.clients[task.slot])
 
-    def _sample(self, c: Client, row: int, on_finish: Callable[[RequestRecord], None] | None) -> None:
-        model = self.ctx.model
-        tok = c.sampler.sample(self.ctx.logits_ith(row))
-        c.sampler.accept(tok)
-        c.response += c.stream.push(tok)
-        c.sampled = tok
-        c.i_batch = -1
-        eog = model.is_eog(tok)
-        stop = "eog" if eog else "length" if 0 < self.p.n_predict <= c.n_decoded else ""
-        if REVERSE_PROMPT in c.response:
-            stop = "reverse_prompt"
-        if c.n_decoded <= 2 or not stop:
+    def on_token(self, task: Task, out: TokenOut) -> None:
+        return None
+
+    def on_done(self, task: Task) -> None:
+        c = self.clients[task.slot]
+        if task.stop == "error":
+            self._failed = task
             return
-        c.response = c.response.split(REVERSE_PROMPT, 1)[0]
-        # Forget the answer, keep the system prompt (seq 0's cells) for the client's next request.
-        self.ctx.memory.seq_rm(c.kv_seq, -1, -1)
-        self.ctx.memory.seq_cp(0, c.kv_seq, -1, -1)
+        stop = {"eos": "eog", "word": "reverse_prompt", "limit": "length"}.get(task.stop, task.stop)
         rec = RequestRecord(
             c.id,
             c.seq,
             c.n_junk,
             c.n_prompt,
-            c.n_decoded,
-            c.t_start,
-            self.now(),
+            task.n_decoded,
+            task.t_start - self.t0,
+            task.t_end - self.t0,
             self.n_cache_miss,
             stop,
             c.input.strip(),
-            c.response.strip(),
+            task.text.strip(),
         )
         self.records.append(rec)
         self.n_prompt += c.n_prompt
-        self.n_gen += c.n_decoded
-        c.seq = -1
-        if on_finish is not None:
-            on_finish(rec)
+        self.n_gen += task.n_decoded
+        c.seq, c.task = -1, None
+        if self._on_finish is not None:
+            self._on_finish(rec)

@@ -167,7 +167,8 @@ def test_parallel_trace_replays(tiny_llama_path: Path, tmp_path: Path, unified: 
     done = json.loads(cli("--trace", str(tr), *kvu, "-o", "json"))
     assert done["kv"].startswith("unified" if unified else "split: 3 streams")
     assert all(p["failed_allocs"] == 0 for p in done["policies"])
-    assert n_sys > 0 and decoded > n_sys and sum(isinstance(op, Copy) for op in w.ops) >= 4
+    # the system prompt is copied once to each client, which keeps it between its requests
+    assert n_sys > 0 and decoded > n_sys and sum(isinstance(op, Copy) for op in w.ops) == 2
 
 
 @pytest.mark.parametrize(

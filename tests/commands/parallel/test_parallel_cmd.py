@@ -88,10 +88,11 @@ def test_questions_from_a_file_without_shared_system(tiny_llama_path: Path, tmp_
 
 
 def test_a_context_too_small_is_an_error(tiny_llama_path: Path) -> None:
+    """A prompt longer than a slot is refused before anything is decoded (the scheduler's check)."""
     args = ["parallel", "--no-progress", "-m", str(tiny_llama_path), "-c", "256", "-np", "1"]
     result = runner.invoke(app, args)
-    assert isinstance(result.exception, kvtool.DecodeError)
-    assert "n_batch = 1" in str(result.exception)
+    assert isinstance(result.exception, kvtool.ContextFullError)
+    assert "a slot holds 256" in str(result.exception)
 
 
 def test_server_mode(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from kvtool.commands.parallel.prompts import QUESTIONS, pick_requests, read_prom
 from kvtool.commands.parallel.sim import ParallelParams, ParallelSim
 
 SYSTEM = "A chat!!\n"
+GREEDY = kvtool.SamplerParams(temp=0.0)
 
 
 def make_ctx(model: kvtool.Model, n_clients: int, n_ctx: int, kv_unified: bool, n_batch: int = 2048):
@@ -77,31 +78,47 @@ def test_waves_start_only_when_the_previous_wave_is_done(tiny_llama: kvtool.Mode
 def test_a_full_cache_halves_the_batch_and_counts_misses(
     tiny_llama: kvtool.Model, n_batch: int, misses_per_wave: int
 ) -> None:
-    """Two clients in lockstep: before their last token the unified cache has one free cell.
-    The 2-token step fails; n_batch halves down to 1 (log2(n_batch) misses), the first client
-    decodes its token, finishes and frees its cells, and the second one then fits."""
+    """Two clients in lockstep: before their third answer token goes in, the unified cache has
+    one free cell. The 2-token step fails; n_batch halves down to 1 (log2(n_batch) misses), the
+    first client decodes its token, samples its fourth and last, frees its cells, and the
+    second one then fits."""
     ctx = make_ctx(tiny_llama, 2, 256, True, n_batch=n_batch)
     n_sys = len(tiny_llama.tokenize(SYSTEM, add_special=True))
     # cells before the last step: system + 2 * (prompt + 2 answer tokens) = n_ctx - 1
     n_prompt = (ctx.n_ctx - 1 - n_sys - 4) // 2
     assert n_sys + 2 * (n_prompt + 2) == ctx.n_ctx - 1
     q = question_of_length(tiny_llama, n_prompt)
-    # n_predict 3: every answer is exactly 3 tokens (stops are only checked from the third)
-    p = ParallelParams(2, 4, 3, shared_system=True, system=SYSTEM, prompts=[q])
+    # n_predict 4: every answer is exactly 4 tokens (stops are only honoured from the third,
+    # and the tiny model's answers hold no end of generation there); the fourth is not decoded
+    p = ParallelParams(2, 4, 4, shared_system=True, system=SYSTEM, prompts=[q], sampler=GREEDY)
     summary = ParallelSim(ctx, p).run()
     assert summary.n_cache_miss == 2 * misses_per_wave
-    assert [r.n_decoded for r in summary.records] == [3, 3, 3, 3]
+    assert [r.n_decoded for r in summary.records] == [4, 4, 4, 4]
     assert [r.cache_miss for r in summary.records] == [misses_per_wave] * 2 + [2 * misses_per_wave] * 2
 
 
 def test_a_single_token_that_does_not_fit_is_fatal(tiny_llama: kvtool.Model) -> None:
-    """Split mode: a client's own stream is full; halving cannot help, n_batch 1 fails."""
+    """Two clients in lockstep fill the unified cache to its last cell: halving cannot help,
+    n_batch 1 fails."""
+    ctx = make_ctx(tiny_llama, 2, 256, True)
+    system = next(s for s in (SYSTEM, "A chat!\n") if (ctx.n_ctx - len(tiny_llama.tokenize(s)) - 4) % 2 == 0)
+    n_sys = len(tiny_llama.tokenize(system, add_special=True))
+    n_prompt = (ctx.n_ctx - n_sys - 4) // 2  # system + 2 * (prompt + 2) = n_ctx
+    q = question_of_length(tiny_llama, n_prompt)
+    p = ParallelParams(2, 2, 4, shared_system=True, system=system, prompts=[q], sampler=GREEDY)
+    with pytest.raises(kvtool.DecodeError, match="n_batch = 1"):
+        ParallelSim(ctx, p).run()
+
+
+def test_a_client_stops_at_the_end_of_its_own_stream(tiny_llama: kvtool.Model) -> None:
+    """Split mode: an answer that reaches the end of its client's stream stops there ("length")
+    instead of failing, as llama-server's slots do."""
     ctx = make_ctx(tiny_llama, 2, 768, False)
     n_sys = len(tiny_llama.tokenize(SYSTEM, add_special=True))
     q = question_of_length(tiny_llama, ctx.n_ctx_seq - n_sys - 2)  # room for 2 answer tokens
-    p = ParallelParams(2, 2, 3, shared_system=True, system=SYSTEM, prompts=[q])
-    with pytest.raises(kvtool.DecodeError, match="n_batch = 1"):
-        ParallelSim(ctx, p).run()
+    p = ParallelParams(2, 2, 5, shared_system=True, system=SYSTEM, prompts=[q], sampler=GREEDY)
+    recs = ParallelSim(ctx, p).run().records
+    assert [(r.n_decoded, r.stop) for r in recs] == [(3, "length")] * 2
 
 
 def test_context_must_have_a_sequence_per_client(tiny_llama: kvtool.Model) -> None:

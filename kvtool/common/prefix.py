@@ -1,0 +1,62 @@
+"""Where a request's prompt prefix can come from besides its own slot. The scheduler asks each
+`PrefixSource` in turn when a slot starts a request (`restore`) and tells them when a slot is
+about to drop what it holds (`offer`): a shared system prompt is one source; the cache tiers of a
+server (host RAM, disk: issue 32) plug in here the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import kvtool
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The number of leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class PrefixSource(Protocol):
+    """A place that can make a sequence hold a prefix of a prompt."""
+
+    @property
+    def name(self) -> str:
+        """What responses and the ledger call it ("shared", "ram", "disk"...)."""
+        ...
+
+    def restore(self, ctx: kvtool.Context, seq: int, tokens: Sequence[int], n_have: int) -> int:
+        """Makes `seq` hold a prefix of `tokens` longer than its `n_have` tokens and returns its
+        length; returns `n_have` and leaves `seq` as it was when it has nothing longer."""
+        ...
+
+    def offer(self, ctx: kvtool.Context, seq: int, tokens: Sequence[int]) -> None:
+        """`seq` holds `tokens` and is about to be cut back or reused: a cache may keep them."""
+        ...
+
+
+class SharedPrefix:
+    """A prefix decoded once into a sequence of its own and copied (seq_cp) into any slot whose
+    prompt starts with it: llama-parallel's -pps system prompt."""
+
+    name = "shared"
+
+    def __init__(self, ctx: kvtool.Context, seq: int, tokens: Sequence[int]) -> None:
+        self.seq = seq
+        self.tokens = list(tokens)
+        if self.tokens:
+            kvtool.decode_tokens(ctx, self.tokens, seq, 0)
+
+    def restore(self, ctx: kvtool.Context, seq: int, tokens: Sequence[int], n_have: int) -> int:
+        n = len(self.tokens)
+        if n <= n_have or list(tokens[:n]) != self.tokens:
+            return n_have
+        ctx.memory.seq_rm(seq, -1, -1)
+        ctx.memory.seq_cp(self.seq, seq, -1, -1)
+        return n
+
+    def offer(self, ctx: kvtool.Context, seq: int, tokens: Sequence[int]) -> None:
+        return None
