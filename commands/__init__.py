@@ -27,6 +27,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "models": ("models", "Known models by name: list, fetch, path."),
     "bench": ("bench", "Prompt processing and generation speed (llama-bench)."),
     "batched-bench": ("batched_bench", "Batched decoding speed (llama-batched-bench)."),
+    "serve": ("serve", "An OpenAI-compatible server with slots and a KV ledger (llama-server)."),
     "parallel": ("parallel", "Simulated clients, on the engine or a server (llama-parallel)."),
     "state": ("state", "Save a KV state, continue from it, inspect files and stores."),
     "defrag-sim": ("defrag_sim", "Compare KV slot policies on a workload (no model needed)."),

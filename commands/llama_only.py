@@ -48,7 +48,7 @@ _GROUPS: list[tuple[tuple[str, ...], str]] = [
     ),
     (
         ("--host", "--port", "--server-base"),
-        "kvtool has no server here; `kvtool parallel --server URL` drives one",
+        "the server is `kvtool serve` (--host, --port); `kvtool parallel --server URL` drives one",
     ),
     (
         ("-i", "--interactive", "-if", "--interactive-first"),

@@ -46,6 +46,7 @@ class Slot:
     seq: int
     held: list[int] = field(default_factory=list)  # what the memory holds at positions 0..
     task: Task | None = None
+    last: Task | None = None  # the task it served before
     source: PrefixSource | None = None  # where the first n_source held tokens came from
     n_source: int = 0
     pending: list[int] = field(default_factory=list)  # prompt tokens still to decode
@@ -105,6 +106,23 @@ class Scheduler:
 
     def n_waiting(self) -> int:
         return len(self.waiting) + len(self._inbox)
+
+    def fail_all(self, message: str, stop: str = "error") -> None:
+        """Ends every task, running or waiting (the owner's thread; after a failed step, or at
+        shutdown with stop "cancelled")."""
+        with self._lock:
+            self.waiting.extend(self._inbox)
+            self._inbox.clear()
+        while self.waiting:
+            task = self.waiting.popleft()
+            task.error = message if stop == "error" else ""
+            self._end(task, stop)
+        for slot in self.slots:
+            if slot.task is not None:
+                if stop == "error":
+                    self._fail(slot, message)
+                else:
+                    self._release(slot, stop)
 
     # -- the owner's thread ----------------------------------------------------------------------
     def step(self) -> bool:
@@ -327,7 +345,7 @@ class Scheduler:
         prefix (or empty), else it keeps every token it decoded for the next request."""
         task = slot.task
         assert task is not None
-        slot.task, slot.pending, slot.t_last_used = None, [], time.perf_counter()
+        slot.task, slot.last, slot.pending, slot.t_last_used = None, task, [], time.perf_counter()
         self.stats.n_tokens_max = max(self.stats.n_tokens_max, slot.n_past)
         if task.req.cache_prompt:
             slot.keeps = bool(slot.held)

@@ -1,0 +1,194 @@
+"""`kvtool serve`: llama-server on kvtool's engine. An OpenAI-compatible HTTP server (Starlette
+on uvicorn) over one context: -np slots, each a sequence (split streams unless -kvu), served by
+the scheduler `kvtool parallel` uses too, on its own thread."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from typing import Annotated
+
+import typer
+
+import kvtool
+from kvtool.commands import app, common
+from kvtool.commands.common.text import plain
+
+err = common.text.console(stderr=True)
+
+
+def _names(model: str, path: str, alias: str | None) -> tuple[str, ...]:
+    """The names a request's `model` may give: the aliases (-a, comma-separated) first, then
+    -m as typed, the file's name and its stem."""
+    from pathlib import Path
+
+    aliases = [a.strip() for a in (alias or "").split(",") if a.strip()]
+    p = Path(path)
+    names = [*aliases, model, p.name, p.stem]
+    return tuple(dict.fromkeys(names))
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads: a taken port is one line, at once."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise kvtool.KvtoolError(f"--host {host}: {e.strerror}") from None
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise kvtool.KvtoolError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+@app.command("serve")
+def serve(
+    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (only this one is bound).")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int,
+        typer.Option(
+            "--port", help="Port to listen on (0: any free one).", callback=common.values.bounds(0, 65535)
+        ),
+    ] = 8080,
+    n_parallel: Annotated[
+        int,
+        typer.Option(
+            "-np", "--parallel", help="Slots: requests served at once.", callback=common.values.bounds(1, 63)
+        ),
+    ] = 4,
+    ctx_size: common.CtxOpt = 4096,
+    batch_size: common.BatchOpt = 2048,
+    ubatch_size: common.UBatchOpt = 512,
+    threads: common.ThreadsOpt = None,
+    kv_unified: common.KvUnifiedOpt = False,
+    swa_full: common.SwaFullOpt = False,
+    type_k: common.TypeKOpt = "f16",
+    type_v: common.TypeVOpt = "f16",
+    device: common.DeviceOpt = None,
+    list_devices: common.ListDevicesOpt = False,
+    n_gpu_layers: common.NglOpt = None,
+    weights: common.WeightsOpt = "auto",
+    defrag_thold: common.DefragTholOpt = None,
+    defrag: common.DefragOpt = None,
+    cont_batching: Annotated[
+        bool,
+        typer.Option(
+            "--cont-batching/--no-cont-batching",
+            "-cb/-nocb",
+            help="New requests join the running batch (else: they wait until every slot is idle).",
+        ),
+    ] = True,
+    cache_prompt: Annotated[
+        bool,
+        typer.Option(
+            "--cache-prompt/--no-cache-prompt",
+            help="Reuse the longest prefix a slot holds (a request's cache_prompt overrides it).",
+        ),
+    ] = True,
+    sps: Annotated[
+        float,
+        typer.Option(
+            "-sps",
+            "--slot-prompt-similarity",
+            help="Share of the prompt an idle slot must hold to be chosen for it (0: least recently used).",
+            callback=common.values.bounds(0.0, 1.0),
+        ),
+    ] = 0.1,
+    api_key: Annotated[
+        str | None,
+        typer.Option("--api-key", help="Keys a request must give (Bearer or X-Api-Key), comma-separated."),
+    ] = None,
+    alias: Annotated[
+        str | None, typer.Option("-a", "--alias", help="Model names for the API, comma-separated.")
+    ] = None,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "-to",
+            "--timeout",
+            help="Seconds a request may take, waiting included.",
+            callback=common.values.bounds(0.0, lo_open=True),
+        ),
+    ] = 600.0,
+    max_queue: Annotated[
+        int,
+        typer.Option(
+            "--max-queue",
+            help="Requests that may wait for a slot; past them: 503 with Retry-After.",
+            callback=common.values.bounds(0),
+        ),
+    ] = 64,
+    metrics: Annotated[
+        bool, typer.Option("--metrics", help="Serve /metrics (Prometheus text, with the KV ledger).")
+    ] = False,
+    slots: Annotated[bool, typer.Option("--slots/--no-slots", help="Serve /slots.")] = True,
+    jinja: Annotated[
+        bool,
+        typer.Option(
+            "--jinja/--no-jinja",
+            help="Render chats with the GGUF's own template (else llama.cpp's named ones).",
+        ),
+    ] = True,
+) -> None:
+    """An OpenAI-compatible server (llama-server): chat, completions, slots, metrics."""
+    import uvicorn
+
+    from kvtool.commands.serve.app import ServeParams, Server, build_app
+    from kvtool.commands.serve.loop import EngineLoop
+    from kvtool.commands.serve.routes import ROUTES
+    from kvtool.common.scheduler import Scheduler, SchedulerParams
+
+    sock = _bind(host, port)
+    m = common.load_model(model, err, device, n_gpu_layers, weights, threads)
+    if jinja and m.file.get("tokenizer.chat_template", None) is not None:
+        m.use_chat_template(jinja=True)
+    cp = common.context_params(
+        ctx_size, batch_size, ubatch_size, n_parallel, kv_unified, swa_full, type_k, type_v,
+        common.defrag_setting(defrag_thold, defrag),
+    )  # fmt: skip
+    ctx = common.make_context(m, cp, err)
+    sched = Scheduler(
+        ctx,
+        SchedulerParams(
+            n_parallel, slot_prompt_similarity=sps, cont_batching=cont_batching, n_step_tokens=ctx.n_batch
+        ),
+    )
+    keys = tuple(k.strip() for k in (api_key or "").split(",") if k.strip())
+    params = ServeParams(
+        _names(model, str(m.path), alias), keys, max_queue, timeout, metrics, slots, cache_prompt
+    )
+    loop = EngineLoop(sched)
+    server = Server(m, loop, params)
+    config = uvicorn.Config(
+        build_app(server, ROUTES),
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+    )
+    bound = sock.getsockname()
+    err.print(
+        plain(
+            f"serve: {m.path.name}, {n_parallel} slots of {ctx.n_ctx_seq} tokens "
+            f"({'unified' if kv_unified else 'split'} KV, {type_k}/{type_v}), "
+            f"model names: {', '.join(params.model_names)}"
+        )
+    )
+    err.print(plain(f"main: server is listening on http://{host}:{bound[1]} - starting the main loop"))
+    sys.stderr.flush()
+    loop.start()
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        loop.stop()
+        sock.close()
+    err.print(plain("serve: stopped"))
