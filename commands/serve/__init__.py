@@ -4,8 +4,11 @@ the scheduler `kvtool parallel` uses too, on its own thread."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import sys
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -45,6 +48,31 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.listen(128)
     sock.set_inheritable(True)
     return sock
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server; SIGINT or SIGTERM starts its graceful shutdown (a second SIGINT
+        forces it) and the command then ends normally, exit 0, instead of re-raising the signal
+        as uvicorn does once it has shut down."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            def stop(sig: int, frame: object) -> None:
+                if self.should_exit and sig == signal.SIGINT:
+                    self.force_exit = True
+                self.should_exit = True
+
+            old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, h in old.items():
+                    signal.signal(s, h)
+
+    return Server
 
 
 @app.command("serve")
@@ -187,7 +215,7 @@ def serve(
     sys.stderr.flush()
     loop.start()
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        _server_class()(config).run(sockets=[sock])
     finally:
         loop.stop()
         sock.close()

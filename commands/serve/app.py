@@ -73,7 +73,7 @@ class Server:
 
     def submit(self, req: Request) -> tuple[Task, TaskStream]:
         sched = self.loop.sched
-        if sched.n_waiting() >= self.p.max_queue:
+        if sched.n_queued(extra=1) > self.p.max_queue:
             raise api.ApiError(
                 503, "the server is busy: every slot is taken and the queue is full", "unavailable_error"
             )

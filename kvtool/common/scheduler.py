@@ -107,6 +107,10 @@ class Scheduler:
     def n_waiting(self) -> int:
         return len(self.waiting) + len(self._inbox)
 
+    def n_queued(self, extra: int = 0) -> int:
+        """Tasks that will wait for a slot (with `extra` more submitted): those beyond the idle slots."""
+        return max(0, self.n_waiting() + extra - sum(not s.busy for s in self.slots))
+
     def fail_all(self, message: str, stop: str = "error") -> None:
         """Ends every task, running or waiting (the owner's thread; after a failed step, or at
         shutdown with stop "cancelled")."""
