@@ -54,9 +54,11 @@ def start(cmd: list[str], port: int) -> subprocess.Popen[bytes]:
 def ttft(port: int, prompt: str) -> tuple[float, int]:
     """Seconds to the first streamed token of a chat request, and its cache_n."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 4, "stream": True, "temperature": 0}
+    msgs = [{"role": "user", "content": prompt}]
+    body = {"messages": msgs, "max_tokens": 4, "stream": True, "temperature": 0}
     t0 = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers=headers)
     r = conn.getresponse()
     first, cache_n = 0.0, -1
     for line in r:
@@ -76,7 +78,8 @@ def one_round(name: str, cmd: list[str], port: int, a: argparse.Namespace) -> di
     try:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "p.json"
-            par = [*KVTOOL, "parallel", "--server", f"http://127.0.0.1:{port}", "-m", a.model, "--no-progress"]
+            url = f"http://127.0.0.1:{port}"
+            par = [*KVTOOL, "parallel", "--server", url, "-m", a.model, "--no-progress"]
             par += ["-np", str(a.np), "-ns", str(a.ns), "-n", str(a.n), "--junk", str(a.junk), "-s", "1"]
             subprocess.run([*par, "--json", str(out)], check=True, stdout=subprocess.DEVNULL)
             doc = json.loads(out.read_text())
@@ -128,7 +131,8 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for name, rs in results.items():
         med = {k: statistics.median(x[k] for x in rs) for k in rs[0]}
-        print(f"| {name} | {med['tps']:.1f} | {med['cold'] * 1e3:.0f} | {med['warm'] * 1e3:.0f} | {med['cache_n']:.0f} |")
+        ms = f"{med['cold'] * 1e3:.0f} | {med['warm'] * 1e3:.0f}"
+        print(f"| {name} | {med['tps']:.1f} | {ms} | {med['cache_n']:.0f} |")
 
 
 if __name__ == "__main__":

@@ -37,30 +37,29 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _number(
-    body: dict[str, Any], key: str, default: float, lo: float | None = None, hi: float | None = None
-) -> float:
+def _value(
+    body: dict[str, Any], key: str, default: Any, kinds: tuple[type, ...], what: str, lo: Any, hi: Any
+) -> Any:
     v = body.get(key)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise bad(f"'{key}' must be a number")
+    if isinstance(v, bool) or not isinstance(v, kinds):
+        raise bad(f"'{key}' must be {what}")
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         raise bad(f"'{key}' must be between {lo} and {hi}, got {v}")
-    return float(v)
+    return v
+
+
+def _number(
+    body: dict[str, Any], key: str, default: float, lo: float | None = None, hi: float | None = None
+) -> float:
+    return float(_value(body, key, default, (int, float), "a number", lo, hi))
 
 
 def integer(
     body: dict[str, Any], key: str, default: int, lo: int | None = None, hi: int | None = None
 ) -> int:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise bad(f"'{key}' must be an integer")
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise bad(f"'{key}' must be between {lo} and {hi}, got {v}")
-    return v
+    return int(_value(body, key, default, (int,), "an integer", lo, hi))
 
 
 def flag(body: dict[str, Any], key: str, default: bool) -> bool:

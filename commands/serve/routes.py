@@ -14,6 +14,8 @@ from starlette.responses import JSONResponse, Response
 import kvtool
 from kvtool.commands.serve import api, ledger, shapes
 from kvtool.commands.serve.app import EventStream, Handler, Server
+from kvtool.commands.serve.loop import TaskStream
+from kvtool.common.task import Task
 
 
 async def health(s: Server, r: HttpRequest) -> Response:
@@ -151,12 +153,17 @@ async def chat(s: Server, r: HttpRequest) -> Response:
     return EventStream(events(), task, s.p.timeout, done=True)
 
 
-async def completions(s: Server, r: HttpRequest) -> Response:
-    """OpenAI's /v1/completions."""
+async def _text_task(s: Server, r: HttpRequest) -> tuple[dict[str, Any], str, Task, TaskStream]:
+    """The body, the model name and the submitted task of a text completion."""
     body = await s.body(r)
     name = s.check_model(body)
-    req = api.generation(body, api.prompt_tokens(s.model, body), s.limits, chat=False)
-    task, stream = s.submit(req)
+    task, stream = s.submit(api.generation(body, api.prompt_tokens(s.model, body), s.limits, chat=False))
+    return body, name, task, stream
+
+
+async def completions(s: Server, r: HttpRequest) -> Response:
+    """OpenAI's /v1/completions."""
+    body, name, task, stream = await _text_task(s, r)
     head = shapes.Head.new("cmpl", name, s.n_tasks)
     if not api.flag(body, "stream", False):
         outs = await s.collect(r.receive, task, stream)
@@ -173,14 +180,11 @@ async def completions(s: Server, r: HttpRequest) -> Response:
 
 async def completion(s: Server, r: HttpRequest) -> Response:
     """llama.cpp's native /completion (cache_prompt, n_predict, id_slot...)."""
-    body = await s.body(r)
-    name = s.check_model(body)
-    req = api.generation(body, api.prompt_tokens(s.model, body), s.limits, chat=False)
-    task, stream = s.submit(req)
+    body, name, task, stream = await _text_task(s, r)
     prompt = (
         body["prompt"]
         if isinstance(body.get("prompt"), str)
-        else s.model.detokenize(req.tokens, special=True)
+        else s.model.detokenize(task.req.tokens, special=True)
     )
     if not api.flag(body, "stream", False):
         outs = await s.collect(r.receive, task, stream)

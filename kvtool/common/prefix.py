@@ -13,11 +13,7 @@ import kvtool
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """The number of leading tokens `a` and `b` share."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 class PrefixSource(Protocol):
