@@ -25,7 +25,7 @@ class Request:
 
     tokens: list[int]
     n_predict: int = -1  # answer tokens at most (-1: until end of generation or a full slot)
-    sampler: kvtool.SamplerParams = field(default_factory=kvtool.SamplerParams)
+    sampler: kvtool.SamplerParams = field(default_factory=lambda: kvtool.SamplerParams())
     stop: Sequence[str] = ()  # stop strings: the text ends before the first one found
     cache_prompt: bool = True  # reuse what the slot holds, and keep this request's tokens after it
     id_slot: int = -1  # run in this slot (-1: the scheduler chooses)

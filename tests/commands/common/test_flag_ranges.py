@@ -51,6 +51,15 @@ TABLE: dict[tuple[str, ...], dict[str, list[str]]] = {
         "--timeout": ["0", "-1", "nan"],
         "--defrag-thold": ["1"],
     },
+    ("serve",): {
+        **CTX,
+        "--port": ["-1", "65536"],
+        "-np": ["0", "64"],
+        "-sps": ["-0.1", "1.5", "nan"],
+        "-to": ["0", "-1", "nan"],
+        "--max-queue": ["-1"],
+        "--defrag-thold": ["1"],
+    },
     ("bench",): {
         "-ngl": ["-1"],
         "-r": ["0"],
