@@ -8,7 +8,8 @@ import contextlib
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Annotated
 
 import typer
@@ -50,19 +51,27 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _server_class() -> type:
+GRACE = 5.0  # seconds requests in flight may take to finish once a stop is asked for
+
+
+def _server_class(on_grace: Callable[[], object]) -> type:
     import uvicorn
 
     class Server(uvicorn.Server):
         """uvicorn's server; SIGINT or SIGTERM starts its graceful shutdown (a second SIGINT
-        forces it) and the command then ends normally, exit 0, instead of re-raising the signal
-        as uvicorn does once it has shut down."""
+        forces it): requests in flight get GRACE seconds, then `on_grace` ends their tasks so
+        that their answers close normally, before uvicorn would cancel them. The command then
+        ends normally, exit 0, instead of re-raising the signal as uvicorn does."""
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             def stop(sig: int, frame: object) -> None:
                 if self.should_exit and sig == signal.SIGINT:
                     self.force_exit = True
+                elif not self.should_exit:
+                    timer = threading.Timer(GRACE, on_grace)
+                    timer.daemon = True
+                    timer.start()
                 self.should_exit = True
 
             old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -201,7 +210,7 @@ def serve(
         log_level="warning",
         access_log=False,
         lifespan="off",
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=int(GRACE) + 5,
     )
     bound = sock.getsockname()
     err.print(
@@ -215,7 +224,8 @@ def serve(
     sys.stderr.flush()
     loop.start()
     try:
-        _server_class()(config).run(sockets=[sock])
+        stop_all = lambda: loop.call(lambda: sched.fail_all("the server stopped", stop="cancelled"))  # noqa: E731
+        _server_class(stop_all)(config).run(sockets=[sock])
     finally:
         loop.stop()
         sock.close()

@@ -5,6 +5,7 @@ cancels them, and reads their events from an asyncio queue."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import threading
 from collections import deque
@@ -76,10 +77,15 @@ class TaskStream:
         return None
 
     def on_token(self, task: Task, out: TokenOut) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
+        self._put(out)
 
     def on_done(self, task: Task) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, None)
+        self._put(None)
+
+    def _put(self, item: TokenOut | None) -> None:
+        # RuntimeError: the HTTP side's loop has closed (shutdown), nobody reads this task any more
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
     async def tokens(self, task: Task) -> AsyncIterator[TokenOut]:
         """The task's tokens as they come; raises TaskFailed if it ended in an error."""

@@ -300,3 +300,27 @@ def test_a_taken_port_is_one_line() -> None:
         assert (
             r.stderr.strip().startswith("error: cannot listen on 127.0.0.1:") and "\n" not in r.stderr.strip()
         )
+
+
+def test_a_stop_during_a_stream_closes_it_between_whole_events() -> None:
+    """SIGINT while an answer streams: the server lets it run for 5 s, then ends it; the client
+    gets whole events up to a last one, and the server exits 0 without a traceback."""
+    from tests.commands.serve.conftest import start
+
+    s = start("-np", "1", "-c", "4096")
+    conn = http.client.HTTPConnection(s.url.removeprefix("http://"), timeout=60)
+    body = {"prompt": "a", "n_predict": 4000, "ignore_eos": True, "stream": True}
+    conn.request("POST", "/completion", body=json.dumps(body))
+    r = conn.getresponse()
+    assert r.readline().startswith(b"data: ")
+    s.proc.send_signal(signal.SIGINT)
+    try:
+        rest = r.read()
+    except http.client.IncompleteRead as e:  # the chunked body was cut at an event's end
+        rest = e.partial
+    events = [
+        json.loads(ev.strip().removeprefix("data: ")) for ev in rest.decode().split("\n\n") if ev.strip()
+    ]
+    assert events[-1]["stop"] is True and 0 < events[-1]["tokens_predicted"] < 4000
+    _, err = s.proc.communicate(timeout=30)
+    assert s.proc.returncode == 0 and "Traceback" not in err and "serve: stopped" in err
