@@ -45,6 +45,7 @@ class Slot:
     id: int
     seq: int
     held: list[int] = field(default_factory=list)  # what the memory holds at positions 0..
+    lost: list[int] = field(default_factory=list)  # what it held before its cells were taken back
     task: Task | None = None
     last: Task | None = None  # the task it served before
     source: PrefixSource | None = None  # where the first n_source held tokens came from
@@ -228,12 +229,15 @@ class Scheduler:
         if keep:
             st.reused[task.reused_from] += keep
         cap = len(req.tokens) - 1
-        best, holder = max(
-            ((min(common_prefix(s.held, req.tokens), cap), s) for s in self.slots), key=lambda x: x[0]
-        )
+        held = [(min(common_prefix(s.held, req.tokens), cap), s, False) for s in self.slots if s is not slot]
+        lost = [(min(common_prefix(s.lost, req.tokens), cap), s, True) for s in self.slots]
+        best, holder, was_lost = max([(min(lcp, cap), slot, False), *held, *lost], key=lambda x: x[0])
+        slot.lost = []
         if best <= keep:
             return
-        if not req.cache_prompt:
+        if was_lost:
+            reason = "evicted"
+        elif not req.cache_prompt:
             reason = "cache_prompt_off"
         elif holder is not slot and holder.busy:
             reason = "slot_busy"
@@ -313,7 +317,7 @@ class Scheduler:
         for src in self.p.sources:
             src.offer(self.ctx, slot.seq, slot.held)
         self.ctx.memory.seq_rm(slot.seq, -1, -1)
-        slot.held, slot.keeps = [], False
+        slot.held, slot.lost, slot.keeps = [], slot.held, False
         self.stats.n_evicted += 1
         return True
 
@@ -341,7 +345,7 @@ class Scheduler:
         assert slot.task is not None
         slot.task.error = message
         self.ctx.memory.seq_rm(slot.seq, -1, -1)  # what the failed views left is unknown
-        slot.held = []
+        slot.held, slot.lost = [], slot.held
         self._release(slot, "error")
 
     def _release(self, slot: Slot, stop: str) -> None:

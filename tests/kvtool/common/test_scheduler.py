@@ -170,3 +170,18 @@ def test_logprobs_are_the_raw_distributions(tiny_llama: kvtool.Model) -> None:
     assert out.prob is not None and out.prob.id == t.generated[0]
     assert out.prob.logprob == pytest.approx(float(want[out.id]), abs=1e-5)
     assert [p.id for p in out.top] == torch.topk(want, 3).indices.tolist()
+
+
+def test_a_full_unified_cache_takes_back_an_idle_slots_cached_prompt(tiny_llama: kvtool.Model) -> None:
+    ctx = kvtool.Context(tiny_llama, kvtool.ContextParams(n_ctx=256, n_seq_max=2, kv_unified=True))
+    sched = Scheduler(ctx, SchedulerParams(2, slot_prompt_similarity=0.0))
+    first = [1, *[10 + i % 200 for i in range(150)]]
+    (a,) = run(sched, Request(first, 4, GREEDY))
+    assert ctx.memory.seq_pos_max(a.slot) >= 150  # kept for reuse
+    other = [1, *[60 + i % 150 for i in range(150)]]
+    (b,) = run(sched, Request(other, 4, GREEDY))  # does not fit beside it: the idle slot gives way
+    assert b.stop == "limit" and sched.stats.n_evicted == 1 and sched.stats.n_cache_miss == 0
+    assert ctx.memory.seq_pos_max(a.slot) == -1
+    assert b.generated == reference(tiny_llama, other, 4)
+    (c,) = run(sched, Request(first, 4, GREEDY, id_slot=a.slot))
+    assert c.timings.cache_n == 0 and sched.stats.reprocessed["evicted"] == 1
