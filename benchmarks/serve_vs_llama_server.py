@@ -9,7 +9,10 @@ Each round starts one server, waits for /health, runs `kvtool parallel --server 
 which goes first. Printed: total tokens/s (prompt tokens the server processed plus answer
 tokens, over the wall time) per round and the medians; the probe's cache_n and the time to the
 first streamed token of the second request against a cold one. Both servers get -t, -c, -np,
-split KV and f16 K/V. llama-server is only run as a program.
+split KV and f16 K/V. llama-server is only run as a program, with -nr (no weight repacking):
+where the CPU reports AMX but the kernel does not grant its tile state, llama.cpp's AMX
+repacked matmul dies of SIGILL (it does on the machine of docs/benchmarks.md); x86 repacks
+no Q4_1 weights otherwise, so SmolLM2's Q4_1 loses nothing by it.
 """
 
 from __future__ import annotations
@@ -115,7 +118,7 @@ def main() -> None:
     common = ["-c", str(a.c), "-np", str(a.np), "-t", str(a.threads)]
     servers = {
         "kvtool serve": lambda p: [*KVTOOL, "serve", "-m", gguf, "-a", a.model, "--port", str(p), *common],
-        "llama-server": lambda p: [a.llama_server, "-m", gguf, "--port", str(p), *common, "--no-webui"],
+        "llama-server": lambda p: [a.llama_server, "-m", gguf, "--port", str(p), *common, "--no-webui", "-nr"],
     }
     results: dict[str, list[dict[str, float]]] = {k: [] for k in servers}
     order = list(servers)
