@@ -118,7 +118,7 @@ def main() -> None:
     common = ["-c", str(a.c), "-np", str(a.np), "-t", str(a.threads)]
     servers = {
         "kvtool serve": lambda p: [*KVTOOL, "serve", "-m", gguf, "-a", a.model, "--port", str(p), *common],
-        "llama-server": lambda p: [a.llama_server, "-m", gguf, "--port", str(p), *common, "--no-webui", "-nr"],
+        "llama-server": lambda p: [a.llama_server, "-m", gguf, "--port", str(p), *common, "-nr", "--no-ui"],
     }
     results: dict[str, list[dict[str, float]]] = {k: [] for k in servers}
     order = list(servers)
