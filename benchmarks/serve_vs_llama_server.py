@@ -109,8 +109,9 @@ def main() -> None:
     ap.add_argument("-c", type=int, default=16384)
     ap.add_argument("--junk", type=int, default=1)
     a = ap.parse_args()
+    code = f"from kvtool.common import registry; print(registry.resolve_model({a.model!r}))"
     gguf = subprocess.run(
-        [sys.executable, "-c", f"import kvtool; print(kvtool.resolve_model({a.model!r}))"],
+        [sys.executable, "-c", code],
         check=True,
         capture_output=True,
         text=True,

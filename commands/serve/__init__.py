@@ -85,8 +85,9 @@ def _server_class(on_grace: Callable[[], object]) -> type:
 
 
 @app.command("serve")
+@common.flags
 def serve(
-    model: common.ModelOpt = kvtool.DEFAULT_MODEL,
+    load: common.LoadFlags = common.LoadFlags(),
     host: Annotated[
         str, typer.Option("--host", help="Address to listen on (only this one is bound).")
     ] = "127.0.0.1",
@@ -102,20 +103,8 @@ def serve(
             "-np", "--parallel", help="Slots: requests served at once.", callback=common.values.bounds(1, 63)
         ),
     ] = 4,
-    ctx_size: common.CtxOpt = 4096,
-    batch_size: common.BatchOpt = 2048,
-    ubatch_size: common.UBatchOpt = 512,
-    threads: common.ThreadsOpt = None,
-    kv_unified: common.KvUnifiedOpt = False,
-    swa_full: common.SwaFullOpt = False,
-    type_k: common.TypeKOpt = "f16",
-    type_v: common.TypeVOpt = "f16",
-    device: common.DeviceOpt = None,
-    list_devices: common.ListDevicesOpt = False,
-    n_gpu_layers: common.NglOpt = None,
-    weights: common.WeightsOpt = "auto",
-    defrag_thold: common.DefragTholOpt = None,
-    defrag: common.DefragOpt = None,
+    context: common.ContextFlags = common.ContextFlags(type_k="f16", type_v="f16"),  # llama-server's
+    compaction: common.DefragFlags = common.DefragFlags(),
     cont_batching: Annotated[
         bool,
         typer.Option(
@@ -185,13 +174,10 @@ def serve(
     from kvtool.common.scheduler import Scheduler, SchedulerParams
 
     sock = _bind(host, port)
-    m = common.load_model(model, err, device, n_gpu_layers, weights, threads)
+    m = common.load_model(load, err)
     if jinja and m.file.get("tokenizer.chat_template", None) is not None:
         m.use_chat_template(jinja=True)
-    cp = common.context_params(
-        ctx_size, batch_size, ubatch_size, n_parallel, kv_unified, swa_full, type_k, type_v,
-        common.defrag_setting(defrag_thold, defrag),
-    )  # fmt: skip
+    cp = context.params(n_parallel, compaction.setting())
     ctx = common.make_context(m, cp, err)
     sched = Scheduler(
         ctx,
@@ -201,7 +187,7 @@ def serve(
     )
     keys = tuple(k.strip() for k in (api_key or "").split(",") if k.strip())
     params = ServeParams(
-        _names(model, str(m.path), alias), keys, max_queue, timeout, metrics, slots, cache_prompt
+        _names(load.model, str(m.path), alias), keys, max_queue, timeout, metrics, slots, cache_prompt
     )
     loop = EngineLoop(sched)
     server = Server(m, loop, params)
@@ -216,7 +202,7 @@ def serve(
     err.print(
         plain(
             f"serve: {m.path.name}, {n_parallel} slots of {ctx.n_ctx_seq} tokens "
-            f"({'unified' if kv_unified else 'split'} KV, {type_k}/{type_v}), "
+            f"({'unified' if context.kv_unified else 'split'} KV, {context.type_k}/{context.type_v}), "
             f"model names: {', '.join(params.model_names)}"
         )
     )
