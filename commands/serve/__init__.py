@@ -18,7 +18,7 @@ import kvtool
 from kvtool.commands import app, common
 from kvtool.commands.common.text import plain
 
-err = common.text.console(stderr=True)
+err = common.text.lazy_console(stderr=True)
 
 
 def _names(model: str, path: str, alias: str | None) -> tuple[str, ...]:

@@ -25,6 +25,7 @@ HELP = [
     ["state", "load", "--help"],
 ]
 HELP += [["batched-bench", "--help"], ["defrag-sim", "--help"], ["models", "--help"], ["list", "--help"]]
+HELP += [["serve", "--help"]]
 
 
 def _modules_after(args: list[str]) -> tuple[str, str]:
@@ -58,9 +59,10 @@ def test_commands_that_load_no_model_import_no_torch(args: list[str]) -> None:
     assert (rc, torch, pydantic) == ("0", "False", "False"), status
 
 
-def test_a_missing_model_is_refused_before_torch_loads(tmp_path: Path) -> None:
-    """A typo in `run -m` costs the CLI's start, not torch's import on top."""
-    args = ["run", "-m", str(tmp_path / "missing.gguf"), "-p", "hi"]
+@pytest.mark.parametrize("verb", [["run", "-p", "hi"], ["serve", "--port", "0"]])
+def test_a_missing_model_is_refused_before_torch_loads(tmp_path: Path, verb: list[str]) -> None:
+    """A typo in `run -m` or `serve -m` costs the CLI's start, not torch's import on top."""
+    args = [verb[0], "-m", str(tmp_path / "missing.gguf"), *verb[1:]]
     code = (
         "import sys\n"
         f"sys.argv = ['kvtool', *{args!r}]\n"
