@@ -46,7 +46,8 @@ def _value(
     if isinstance(v, bool) or not isinstance(v, kinds):
         raise bad(f"'{key}' must be {what}")
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise bad(f"'{key}' must be between {lo} and {hi}, got {v}")
+        span = f"at most {hi}" if lo is None else f"at least {lo}" if hi is None else f"between {lo} and {hi}"
+        raise bad(f"'{key}' must be {span}, got {v}")
     return v
 
 

@@ -181,6 +181,11 @@ def test_bad_requests_are_openai_shaped_4xx(
     assert get(server.url, "/health")[0] == 200  # and the server keeps serving
 
 
+def test_a_value_out_of_range_names_its_bound(server: Served) -> None:
+    got, _, answer = post(server.url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": -5})
+    assert got == 400 and answer["error"]["message"] == "'max_tokens' must be at least -1, got -5"
+
+
 def test_openai_client_sees_a_bad_request(server: Served) -> None:
     with pytest.raises(openai.BadRequestError, match="not found"):
         client(server).chat.completions.create(model="nope", messages=CHAT, max_tokens=2)
