@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvtool import KvtoolError
-from kvtool.commands.llama_only import LLAMA_ONLY
+from kvtool.commands.llama_only import BY_VERB, LLAMA_ONLY
 
 
 def _declared(command: Any) -> tuple[set[str], set[str]]:
@@ -63,7 +63,8 @@ def check_argv(group: Any, argv: Sequence[str]) -> None:
             if flag in valued and "=" not in arg:
                 next(rest, None)  # its value, which may itself start with a dash
             continue
-        if flag in LLAMA_ONLY:
-            raise KvtoolError(f"{where} has no {flag} (llama.cpp's): {LLAMA_ONLY[flag]}")
+        offer = BY_VERB.get(where, {}).get(flag) or LLAMA_ONLY.get(flag)
+        if offer:
+            raise KvtoolError(f"{where} has no {flag} (llama.cpp's): {offer}")
         if not flag.startswith("--") and len(flag) > 2:
             raise KvtoolError(f"{where} has no option {flag} (see '{where} --help')")

@@ -1,7 +1,8 @@
-"""llama.cpp's flags that kvtool has no counterpart for (those of llama-cli, llama-completion and
-llama-bench at the llama.cpp the project follows), each spelling -> what kvtool offers instead.
-`commands/flags.py` refuses them with that offer; tests/data/llama_cpp_flags.txt is the list
-they are checked against."""
+"""llama.cpp's flags that kvtool has no counterpart for (those of llama-cli, llama-completion,
+llama-bench and llama-server at the llama.cpp the project follows), each spelling -> what kvtool
+offers instead. `commands/flags.py` refuses them with that offer (a verb's own table first:
+llama-server's flags typed at `kvtool serve`); tests/data/llama_cpp_flags.txt is the list they
+are checked against."""
 
 from __future__ import annotations
 
@@ -201,4 +202,114 @@ _GROUPS: list[tuple[tuple[str, ...], str]] = [
 ]
 # fmt: on
 
+_REQUEST = (
+    "a request sets its own sampling and length: temperature, top_k, top_p, min_p, typical_p, "
+    "repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, max_tokens (n_predict), "
+    "ignore_eos, stop"
+)
+_NO_SHIFT = (
+    "kvtool serve has no context shift (`kvtool run` has): a prompt as long as a slot is refused "
+    "(400, exceed_context_size_error) and an answer that fills its slot stops ('length')"
+)
+_NO_UI = "kvtool serve has no web UI: it serves the API only"
+
+# llama-server's flags typed at `kvtool serve`, where they (or run's offer) mean something else
+# fmt: off
+_SERVE_GROUPS: list[tuple[tuple[str, ...], str]] = [
+    (
+        ("--temp", "--temperature", "--top-k", "--top-p", "--min-p", "--typical", "--typical-p",
+         "--repeat-penalty", "--repeat-last-n", "--presence-penalty", "--frequency-penalty", "-s", "--seed",
+         "-n", "--predict", "--n-predict", "--ignore-eos", "-r", "--reverse-prompt"),
+        _REQUEST,
+    ),
+    (
+        ("--dry-multiplier", "--dry-base", "--dry-allowed-length", "--dry-penalty-last-n",
+         "--dry-sequence-breaker", "--xtc-probability", "--xtc-threshold", "--top-nsigma", "--top-n-sigma",
+         "--mirostat", "--mirostat-lr", "--mirostat-ent", "--dynatemp-range", "--dynatemp-exp",
+         "--adaptive-target", "--adaptive-decay", "-l", "--logit-bias", "--samplers", "--sampler-seq",
+         "--sampling-seq", "-bs", "--backend-sampling"),
+        "kvtool's samplers, set per request: temperature, top_k, top_p, min_p, typical_p and the penalties",
+    ),
+    (("--keep", "--context-shift", "--no-context-shift"), _NO_SHIFT),
+    (
+        ("--chat-template", "--chat-template-file", "--chat-template-kwargs"),
+        "the GGUF's own template is used (--no-jinja: the named format of its family)",
+    ),
+    (
+        ("--prefill-assistant", "--no-prefill-assistant"),
+        "a chat is rendered whole and the answer starts a new assistant turn",
+    ),
+    (
+        ("--prompt-cache", "--prompt-cache-all", "--prompt-cache-ro", "-cram", "--cache-ram", "-ctxcp",
+         "--ctx-checkpoints", "--swa-checkpoints", "-cms", "--checkpoint-min-step", "--cache-idle-slots",
+         "--no-cache-idle-slots", "--cache-reuse", "--slot-save-path"),
+        "kvtool serve reuses the longest common prefix a slot holds in its cells (--cache-prompt); "
+        "it has no RAM or disk tier, checkpoints or slot files",
+    ),
+    (
+        ("--kv-unified-per-slot",),
+        "-c is split evenly among the -np slots (-kvu: one pool they share)",
+    ),
+    (("--ssl-key-file", "--ssl-cert-file"), "kvtool serve speaks plain HTTP: put a TLS proxy in front of it"),
+    (
+        ("--path", "--no-webui", "--webui", "--ui", "--no-ui", "--webui-config", "--webui-config-file",
+         "--ui-config", "--ui-config-file", "--webui-mcp-proxy", "--no-webui-mcp-proxy", "--ui-mcp-proxy",
+         "--no-ui-mcp-proxy", "--media-path"),
+        _NO_UI,
+    ),
+    (
+        ("--cors-origins", "--cors-methods", "--cors-headers", "--cors-credentials", "--no-cors-credentials"),
+        "kvtool serve sends no CORS headers: a browser on another origin needs a proxy in front of it",
+    ),
+    (
+        ("-ag", "--agent", "-no-ag", "--no-agent", "--tools", "--tools-runtime", "--mcp-servers-config",
+         "--mcp-servers-json"),
+        "kvtool serve runs no tools, agents or MCP servers",
+    ),
+    (
+        ("--models-dir", "--models-max", "--models-preset", "--models-autoload", "--no-models-autoload",
+         "--sleep-idle-seconds"),
+        "kvtool serve serves the one model -m loads, for as long as it runs: one server per model",
+    ),
+    (
+        ("-embd", "--embedding", "--embeddings", "--pooling", "--rerank", "--reranking", "--embd-normalize",
+         "--spm-infill"),
+        "kvtool serve generates text: it has no embeddings, reranking or infill endpoints",
+    ),
+    (("--threads-http",), "uvicorn answers HTTP on one event loop; the engine runs on a thread of its own"),
+    (("--api-key-file",), "--api-key takes the keys, comma-separated"),
+    (("--api-prefix",), "kvtool serve's endpoints are at the root (/v1/..., /completion, /health)"),
+    (("--reuse-port",), "kvtool serve listens on one socket of its own (--host, --port)"),
+    (("--sse-ping-interval",), "a stream sends its events only, no keep-alive pings"),
+    (("--props",), "/props answers GET only"),
+    (("--tags",), "-a/--alias gives the model's names"),
+    (("-e", "--escape", "--no-escape"), "requests carry their text as JSON strings"),
+    (("--perf", "--no-perf"), "every answer carries its timings; /metrics sums them"),
+    (("--warmup", "--no-warmup"), "kvtool serve does no warmup run"),
+    (("-sp", "--special"), "answers carry their text; /tokenize gives a text's token ids"),
+    (
+        ("-v", "--verbose", "-lv", "--verbosity", "--log-verbosity", "--log-disable", "--log-file",
+         "--log-colors", "--log-verbose", "--log-prefix", "--no-log-prefix", "--log-timestamps",
+         "--no-log-timestamps", "--log-jsonl", "--no-log-jsonl", "--log-prompts-dir"),
+        "kvtool serve prints a line when it starts and stops, errors as single lines; /slots and "
+        "/metrics show its work",
+    ),
+    (
+        ("-lcs", "--lookup-cache-static", "-lcd", "--lookup-cache-dynamic", "--spec-ngram-size-n",
+         "--spec-ngram-size-m", "--spec-ngram-min-hits", "--lora-init-without-apply"),
+        "kvtool serve has no speculative decoding or adapters",
+    ),
+    (
+        ("--fim-qwen-1.5b-default", "--fim-qwen-3b-default", "--fim-qwen-7b-default", "--fim-qwen-7b-spec",
+         "--fim-qwen-14b-spec", "--fim-qwen-30b-default", "--embd-gemma-default"),
+        _MODEL_FILE,
+    ),
+    (("--mtmd-batch-max-tokens",), _MEDIA),
+]
+# fmt: on
+
 LLAMA_ONLY: dict[str, str] = {name: offer for names, offer in _GROUPS for name in names}
+BY_VERB: dict[str, dict[str, str]] = {
+    "kvtool serve": {name: offer for names, offer in _SERVE_GROUPS for name in names}
+}
+"""A verb's own offers, looked up before LLAMA_ONLY's (by the verb as `where` names it)."""

@@ -104,6 +104,21 @@ def test_llama_cpp_flags_kvtool_lacks_name_themselves_and_the_offer(args: list[s
 
 
 @pytest.mark.parametrize(
+    ("args", "offer"),
+    [
+        (["serve", "-cram", "100"], "no RAM or disk tier"),  # run's offer is `kvtool run --session`
+        (["serve", "--temp", "0"], "a request sets its own sampling"),  # run has --temp
+        (["serve", "--no-webui"], "no web UI"),
+        (["run", "-cram", "100"], "kvtool run --session"),
+    ],
+)
+def test_a_verb_s_own_offer_comes_first(args: list[str], offer: str) -> None:
+    """llama-server's flags typed at `kvtool serve` get serve's offer, not run's."""
+    r = cli(*args)
+    assert r.returncode == 2 and offer in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize(
     "args", [["bench", "-no-cnv"], ["run", "-xyz", "1"], ["state", "save", "-cnv"], ["state", "load", "-xyz"]]
 )
 def test_unknown_multi_letter_flags_are_named_not_split(args: list[str]) -> None:
@@ -165,7 +180,8 @@ def test_cache_types_and_unified_kv_on_run(tiny_llama_path: Path) -> None:
 
 
 def _llama_cpp_flags() -> list[tuple[str, str]]:
-    """(verb, flag) for every spelling of llama-cli/llama-completion (run) and llama-bench (bench)."""
+    """(verb, flag) for every spelling of llama-cli/llama-completion (run), llama-bench (bench) and
+    llama-server (serve)."""
     out, verb = [], ""
     for line in (Path(__file__).parents[1] / "data" / "llama_cpp_flags.txt").read_text().splitlines():
         if line.startswith("["):
@@ -187,7 +203,7 @@ def test_every_llama_cpp_flag_works_or_says_what_kvtool_offers() -> None:
     _register()
     group = typer.main.get_command(app)
     flags = _llama_cpp_flags()
-    assert len(flags) > 400
+    assert len(flags) > 800
     silent = []
     for verb, flag in flags:
         if flag in _declared(group.commands[verb])[0]:
