@@ -5,6 +5,7 @@ the scheduler `kvtool parallel` uses too, on its own thread."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -69,6 +70,9 @@ def _server_class(on_grace: Callable[[], object]) -> type:
                 if self.should_exit and sig == signal.SIGINT:
                     self.force_exit = True
                 elif not self.should_exit:
+                    # os.write: a signal handler must not take the console's lock
+                    note = f"serve: stopping: requests in flight get {GRACE:g} s (Ctrl-C again: at once)\n"
+                    os.write(2, note.encode())
                     timer = threading.Timer(GRACE, on_grace)
                     timer.daemon = True
                     timer.start()

@@ -290,6 +290,7 @@ def test_a_signal_stops_the_server_cleanly_and_it_restarts(sig: int) -> None:
         t0 = time.monotonic()
         rc, err = first.stop(sig)
         assert rc == 0 and "serve: stopped" in err and "Traceback" not in err
+        assert "serve: stopping: requests in flight get 5 s" in err
         assert time.monotonic() - t0 < 10
     with serving("-np", "2", "-c", "1024", port=port) as again:
         assert post(again.url, "/completion", {"prompt": "a", "n_predict": 2})[0] == 200
