@@ -14,7 +14,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from kvtool.common.scheduler import Scheduler, Slot
+from kvtool.common.scheduler import Scheduler
+from kvtool.common.slots import Slot
 from kvtool.common.stats import REPROCESS_REASONS, SchedulerStats
 from kvtool.common.task import Task
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import kvtool
 from kvtool.common.prefix import PrefixSource, common_prefix
+from kvtool.common.slots import Slot, choose_slot, reprocess_reason
 from kvtool.common.stats import SchedulerStats
 from kvtool.common.task import Request, Task, TaskEvents
 
@@ -36,29 +37,6 @@ class SchedulerParams:
     cont_batching: bool = True  # else a new request starts only when every slot is idle
     n_step_tokens: int = 0  # the most tokens one step decodes (0: everything pending)
     sources: Sequence[PrefixSource] = field(default_factory=tuple)
-
-
-@dataclass
-class Slot:
-    """One sequence of the context and the request it serves."""
-
-    id: int
-    seq: int
-    held: list[int] = field(default_factory=list)  # what the memory holds at positions 0..
-    lost: list[int] = field(default_factory=list)  # what it held before its cells were taken back
-    task: Task | None = None
-    last: Task | None = None  # the task it served before
-    source: PrefixSource | None = None  # where the first n_source held tokens came from
-    n_source: int = 0
-    pending: list[int] = field(default_factory=list)  # prompt tokens still to decode
-    sampled: int = -1  # the answer token to decode next
-    n_past: int = 0  # the position the next token takes
-    keeps: bool = False  # the idle slot holds a cached prompt (cache_prompt)
-    t_last_used: float = 0.0
-
-    @property
-    def busy(self) -> bool:
-        return self.task is not None
 
 
 # one token of a step: (token, position, slot index, wants logits)
@@ -155,29 +133,13 @@ class Scheduler:
         if not self.p.cont_batching and any(s.busy for s in self.slots):
             return  # waves: the next requests start together once every slot is idle
         for task in list(self.waiting):
-            slot = self._choose(task.req)
+            slot = choose_slot(self.slots, task.req, self.p.slot_prompt_similarity)
             if slot is None:
                 if task.req.id_slot < 0:
                     return  # no idle slot: later tasks would not find one either
                 continue
             self.waiting.remove(task)
             self._launch(slot, task)
-
-    def _choose(self, req: Request) -> Slot | None:
-        """llama-server's get_available_slot: the named slot, else the idle slot sharing the
-        largest part of the prompt (above -sps), else the least recently used idle one."""
-        idle = [s for s in self.slots if not s.busy]
-        if req.id_slot >= 0:
-            slot = self.slots[req.id_slot]
-            return slot if not slot.busy else None
-        if not idle:
-            return None
-        if self.p.slot_prompt_similarity > 0 and req.cache_prompt:
-            sims = [(common_prefix(s.held, req.tokens) / len(req.tokens), -s.t_last_used, s) for s in idle]
-            sim, _, best = max(sims, key=lambda x: (x[0], x[1]))
-            if sim > self.p.slot_prompt_similarity:
-                return best
-        return min(idle, key=lambda s: s.t_last_used)
 
     def _launch(self, slot: Slot, task: Task) -> None:
         """The slot takes the task: keeps what it can of its prefix, queues the rest."""
@@ -228,27 +190,12 @@ class Scheduler:
         )
         if keep:
             st.reused[task.reused_from] += keep
-        cap = len(req.tokens) - 1
-        held = [(min(common_prefix(s.held, req.tokens), cap), s, False) for s in self.slots if s is not slot]
-        lost = [(min(common_prefix(s.lost, req.tokens), cap), s, True) for s in self.slots]
-        best, holder, was_lost = max([(min(lcp, cap), slot, False), *held, *lost], key=lambda x: x[0])
+        missed = reprocess_reason(self.slots, slot, req, keep, lcp, n_mem, truncatable)
         slot.lost = []
-        if best <= keep:
-            return
-        if was_lost:
-            reason = "evicted"
-        elif not req.cache_prompt:
-            reason = "cache_prompt_off"
-        elif holder is not slot and holder.busy:
-            reason = "slot_busy"
-        elif holder is not slot:
-            reason = "id_slot" if req.id_slot >= 0 else "below_similarity"
-        elif not truncatable:
-            reason = "cannot_truncate"
-        else:  # the slot's own prefix, lost from the memory
-            reason = "evicted" if n_mem < lcp else "cannot_truncate"
-        st.reprocessed[reason] += 1
-        st.reprocessed_tokens[reason] += best - keep
+        if missed is not None:
+            reason, n = missed
+            st.reprocessed[reason] += 1
+            st.reprocessed_tokens[reason] += n
 
     def _build(self) -> list[_Entry]:
         entries: list[_Entry] = []
