@@ -17,7 +17,20 @@ import ctypes
 import torch
 
 from kvtool.kernels import cpu_lib
-from kvtool.kernels.dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, QK_K, dequantize
+from kvtool.kernels.dequant import (
+    IQ4_NL,
+    IQ4_XS,
+    Q2_K,
+    Q3_K,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q6_K,
+    Q8_0,
+    QK_K,
+    dequantize,
+)
 
 # type id -> (elements per block, bytes per block)
 BLOCKS = {
@@ -27,6 +40,11 @@ BLOCKS = {
     Q8_0: (32, 34),
     Q4_K: (QK_K, 144),
     Q6_K: (QK_K, 210),
+    # qmatmul_lowbit.c: activations quantized per format as llama.cpp does (qmatmul_lowbit.py)
+    Q2_K: (QK_K, 84),
+    Q3_K: (QK_K, 110),
+    IQ4_XS: (QK_K, 136),
+    IQ4_NL: (32, 18),
 }
 MAX_SEGS = 8  # weights one call stacks (qmatmul.c's MAX_SEGS)
 
