@@ -2,15 +2,18 @@
 s = scale * q.k becomes cap * tanh(s / cap) before the mask and the softmax, as llama.cpp's graph
 computes it with flash attention off (scale, multiply by 1 / cap, tanh, multiply by cap).
 
-The contract of `attention_ref` (kernels/attention.py) plus the cap, in torch on any device: the
-compiled and Triton attention kernels have no cap. Prompts run by blocks of query rows, each over
-the keys its rows see (`KQMask.blocks`), as `attention_blocks` does.
+The contract of `attention_ref` (kernels/attention.py) plus the cap: `attention_softcap_ref` in
+torch on any device is the specification; on the CPU a few query rows per stream (decode) take
+the compiled kernel (attention_cpu.c, which has the cap), and prompts run by blocks of query rows,
+each over the keys its rows see (`KQMask.blocks`), as `attention_blocks` does. The Triton kernel
+has no cap: CUDA runs the specification.
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import attention_cpu
 from .attention import Q_BLOCK, KQMask
 from .visibility import Cells, visibility_mask
 
@@ -42,6 +45,8 @@ def attention_softcap(
     the mask is built from on CUDA), by blocks of query rows over the keys each block sees."""
     if isinstance(mask, Cells):
         return attention_softcap_ref(q, k, v, visibility_mask(mask), scale, softcap)
+    if attention_cpu.applies(q, k, v):
+        return attention_cpu.attention_cpu(q, k, v, mask.mask, scale, softcap)
     if q.shape[1] <= Q_BLOCK:
         return attention_softcap_ref(q, k, v, mask.mask, scale, softcap)
     out = torch.zeros(*q.shape[:3], v.shape[3], dtype=q.dtype, device=q.device)

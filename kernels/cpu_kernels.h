@@ -35,5 +35,10 @@ int kva_attention(const float *q, int64_t sq_s, int64_t sq_i, int64_t sq_h, cons
                   int64_t sk_c, int64_t sk_h, const void *v, int64_t sv_s, int64_t sv_c, int64_t sv_h,
                   int kv_type, const float *mask, int64_t sm_s, int64_t sm_i, float *out, int64_t S,
                   int64_t n_q, int64_t H, int64_t Hkv, int64_t n_kv, int64_t D, int64_t Dv, float scale);
+int kva_attention_softcap(const float *q, int64_t sq_s, int64_t sq_i, int64_t sq_h, const void *k, int64_t sk_s,
+                          int64_t sk_c, int64_t sk_h, const void *v, int64_t sv_s, int64_t sv_c, int64_t sv_h,
+                          int kv_type, const float *mask, int64_t sm_s, int64_t sm_i, float *out, int64_t S,
+                          int64_t n_q, int64_t H, int64_t Hkv, int64_t n_kv, int64_t D, int64_t Dv, float scale,
+                          float softcap);
 
 #endif

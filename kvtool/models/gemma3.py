@@ -191,8 +191,6 @@ class Gemma3Model:
         attention, GELU by `gelu_table`), or None where a layer's weights are not all in the
         compiled quantized kernel."""
         hp = self.hp
-        if self.attn_softcap:  # the compiled attention has no soft-capping
-            return None
         parts = []
         for L in self.layers:
             qkv, wo, down = native_group(L.wqkv), native(L.wo), native(L.ffn_down)
@@ -200,9 +198,10 @@ class Gemma3Model:
             if qkv is None or len(qkv) not in (1, 3) or wo is None or gu is None or down is None:
                 return None
             wk, wv = (qkv[1], qkv[2]) if len(qkv) == 3 else (None, None)
-            post = {"attn_post_norm": L.attn_post_norm, "ffn_post_norm": L.ffn_post_norm}
-            heads = {"q_norm": L.q_norm, "k_norm": L.k_norm}
-            parts.append(LayerWeights(qkv[0], wo, gu, down, L.attn_norm, L.ffn_norm, wk, wv, **heads, **post))
+            layer = LayerWeights(qkv[0], wo, gu, down, L.attn_norm, L.ffn_norm, wk, wv, L.q_norm, L.k_norm)
+            layer.attn_post_norm, layer.ffn_post_norm = L.attn_post_norm, L.ffn_post_norm
+            layer.softcap = self.attn_softcap
+            parts.append(layer)
         view = [self._view_kinds.index(self.is_swa(il)) for il in range(hp.n_layer)]
         return decoder_weights(
             parts, hp, n_rot=hp.n_rot, neox=True, scale=self.q_scale, view=view, gelu=gelu_table()

@@ -8,7 +8,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from kvtool.kernels import rope_store_cpu
+from kvtool.kernels import rms_norm_cpu, rope_store_cpu
 from kvtool.kernels.attention import attention, attention_cells
 from kvtool.kernels.attention_softcap import attention_softcap
 from kvtool.kernels.store_kv import store_kv
@@ -25,6 +25,15 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tenso
     if w is None or w.shape == x.shape[-1:]:
         return torch.rms_norm(x, x.shape[-1:], w, eps)
     return torch.rms_norm(x, x.shape[-1:], None, eps) * w
+
+
+def rms_norm_ggml(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """`rms_norm` with ggml's arithmetic (the sum of squares in double) on the CPU, where the
+    compiled kernels run: the bits of the compiled decoder call's norms (kernels/rms_norm_cpu.py),
+    so that a forward that norms op by op and the call agree. torch's elsewhere."""
+    if rms_norm_cpu.applies(x, w):
+        return rms_norm_cpu.rms_norm_cpu(x, w, eps)
+    return rms_norm(x, w, eps)
 
 
 def swiglu(x: torch.Tensor, gate_up: LinearGroup, down: Linear) -> torch.Tensor:

@@ -22,10 +22,10 @@ from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.kv_cells import SWAParams
 from kvtool.memory.spec import KVSpec
-from kvtool.models.compiled import compiled_layers, decoder_weights, gate_up_pair, native, native_group
+from kvtool.models.compiled import compiled_layers, decoder_weights, gate_up_pair, native, native_group_bias
 from kvtool.models.hparams import GraniteScales, SWAHParams, read_int
 from kvtool.models.inputs import ForwardInputs, forward_inputs
-from kvtool.models.layers import rms_norm, rope_attend, swiglu, swiglu_normed
+from kvtool.models.layers import rms_norm, rms_norm_ggml, rope_attend, swiglu, swiglu_normed
 from kvtool.models.linear import Linear, LinearGroup, linear_normed
 from kvtool.models.rope import RopeParams, Rotation, apply_rope
 from kvtool.models.tensors import AttnDims, Dim, ModelTensors
@@ -187,10 +187,10 @@ class LlamaModel:
             q, k, val = L.wqkv.normed(x, L.attn_norm, hp.eps, rms_norm)  # rows [n, heads * head_dim]
         else:
             q, k, val = L.wqkv(x)
-        if L.q_norm is not None and L.k_norm is not None:
+        if L.q_norm is not None and L.k_norm is not None:  # with the compiled call's bits
             heads = (hp.n_head, hp.n_head_kv[il]) if v.qk_norm == "head" else (1, 1)
-            q = rms_norm(q.reshape(n, heads[0], -1), L.q_norm, hp.eps).view(n, -1)
-            k = rms_norm(k.reshape(n, heads[1], -1), L.k_norm, hp.eps).view(n, -1)
+            q = rms_norm_ggml(q.reshape(n, heads[0], -1), L.q_norm, hp.eps).view(n, -1)
+            k = rms_norm_ggml(k.reshape(n, heads[1], -1), L.k_norm, hp.eps).view(n, -1)
         a = L.wo(
             rope_attend(mctx.layer_view(il), q, k, val, hp.head_dim_k, rot, self.rope(il), self.kq_scale)
         )
@@ -207,30 +207,33 @@ class LlamaModel:
 
     def _decoder_weights(self) -> DecoderWeights | None:
         """The layers' description for the compiled decoder call, or None where a layer's weights
-        are not all in the compiled quantized kernel without biases, or the variant has what the
-        call does not (granite's residual scale, olmo2's norm over the whole projection)."""
+        are not all in the compiled quantized kernel, or carry biases other than on Q/K/V."""
         hp, v = self.hp, self.v
-        if self.scales.residual or v.qk_norm == "all":
-            return None
         parts = []
         for L in self.layers:
-            qkv_w, wo, down = native_group(L.wqkv), native(L.wo), native(L.ffn_down)
+            qkv_b, wo, down = native_group_bias(L.wqkv), native(L.wo), native(L.ffn_down)
             gu = gate_up_pair(L.ffn_gate_up)
-            if qkv_w is None or len(qkv_w) not in (1, 3) or wo is None or gu is None or down is None:
+            if qkv_b is None or len(qkv_b[0]) not in (1, 3) or wo is None or gu is None or down is None:
                 return None
-            if L.attn_norm is None or L.ffn_norm is None:
-                return None
+            qkv_w, bias = qkv_b
             wk, wv = (qkv_w[1], qkv_w[2]) if len(qkv_w) == 3 else (None, None)
-            heads = {"q_norm": L.q_norm, "k_norm": L.k_norm}
-            parts.append(LayerWeights(qkv_w[0], wo, gu, down, L.attn_norm, L.ffn_norm, wk, wv, **heads))
+            layer = LayerWeights(qkv_w[0], wo, gu, down, L.attn_norm, L.ffn_norm, wk, wv, L.q_norm, L.k_norm)
+            layer.attn_post_norm, layer.ffn_post_norm = L.attn_post_norm, L.ffn_post_norm
+            layer.qkv_bias, layer.qk_norm_all, layer.res_scale = (
+                bias,
+                v.qk_norm == "all",
+                self.scales.residual,
+            )
+            parts.append(layer)
         view = [self._view_kinds.index(self.is_swa(il)) for il in range(hp.n_layer)]
         return decoder_weights(parts, hp, n_rot=hp.n_rot, neox=v.neox, scale=self.kq_scale, view=view)
 
 
 def _post(y: torch.Tensor, norm: torch.Tensor | None, eps: float, scale: float) -> torch.Tensor:
-    """A block's output as the residual adds it: normed (post norms), scaled (granite)."""
+    """A block's output as the residual adds it: normed (post norms, with the compiled call's
+    bits), scaled (granite)."""
     if norm is not None:
-        y = rms_norm(y, norm, eps)
+        y = rms_norm_ggml(y, norm, eps)
     return y * scale if scale else y
 
 
