@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import torch
 
 from kvtool.batch import UBatch
-from kvtool.errors import ModelLoadError
+from kvtool.errors import KvtoolError, ModelLoadError
 from kvtool.kernels.decoder_cpu import DecoderWeights, LayerWeights
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache import KVLayerSpec
+from kvtool.memory.kv_cache_context import KVView
 from kvtool.memory.kv_cells import SWAParams
 from kvtool.memory.spec import KVSpec
 from kvtool.models.compiled import compiled_layers, decoder_weights, gate_up_pair, native, native_group_bias
@@ -119,8 +120,12 @@ class LlamaModel:
         self.layers = [load_layer(t, il, v) for il in range(hp.n_layer)]
         half_rot = t.dim("rope.dimension_count", hp.n_rot) // 2
         factors = "rope_factors_short.weight" if v.rope_factors == "short" else "rope_freqs.weight"
-        if v.rope_factors == "short":
-            t.optional("rope_factors_long.weight", numel=half_rot)  # longer contexts: see phi3.py
+        # LongRoPE's long factors are for contexts past the original length, which kvtool refuses
+        self.long_rope_ctx = 0
+        if v.rope_factors == "short" and t.optional("rope_factors_long.weight", numel=half_rot) is not None:
+            self.long_rope_ctx = read_int(
+                f, f"{f.arch}.rope.scaling.original_context_length", hp.n_ctx_train, lo=1
+            )
         self.rope_global = RopeParams(
             n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_freq_scale, neox=v.neox,
             freq_factors=t.optional(factors, numel=half_rot), attn_factor=hp.rope_attn_factor,
@@ -165,6 +170,8 @@ class LlamaModel:
     def compute(self, inp: ForwardInputs, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """`forward` from inputs on the device: no host data is read but the ubatch's shape."""
         hp, sc = self.hp, self.scales
+        if self.long_rope_ctx:
+            self._check_long_rope(mctx)
         x = self.tok_embd(inp.token)  # [n, n_embd]
         if sc.embedding:
             x = x * sc.embedding
@@ -175,6 +182,18 @@ class LlamaModel:
             x = self._layer(il, x, rot_swa if self.is_swa(il) else rot_global, ub, mctx)
         logits = linear_normed(self.output, x, self.output_norm, hp.eps, rms_norm)
         return logits / sc.logit if sc.logit else logits
+
+    def _check_long_rope(self, mctx: MemoryContext) -> None:
+        """llama.cpp rotates with LongRoPE's long factors when a sequence's context (cells per
+        stream) exceeds rope.scaling.original_context_length; kvtool has the short ones only."""
+        view = mctx.layer_view(0)
+        n_cells = view.k.shape[1] if isinstance(view, KVView) else 0
+        if n_cells > self.long_rope_ctx:
+            raise KvtoolError(
+                f"a context of {n_cells} tokens per sequence needs LongRoPE's long factors "
+                f"(beyond rope.scaling.original_context_length {self.long_rope_ctx}), which kvtool does "
+                f"not apply: use a context of at most {self.long_rope_ctx} tokens per sequence"
+            )
 
     def _layer(
         self, il: int, x: torch.Tensor, rot: Rotation, ub: UBatch, mctx: MemoryContext

@@ -6,9 +6,9 @@ the file has it (LongRoPE) and whose cos and sin are scaled by `rope.scaling.att
 
 As in llama.cpp, a sliding window the GGUF may set is not applied: llama.cpp disabled sliding
 windows for Phi models (its PR 13676: the configs do not say which layers slide), and kvtool
-matches its outputs. LongRoPE's `rope_factors_long` is for contexts beyond
-`rope.scaling.original_context_length` tokens per sequence; kvtool uses the short factors, which
-llama.cpp uses up to that length.
+matches its outputs. LongRoPE's `rope_factors_long` is for contexts of more than
+`rope.scaling.original_context_length` tokens per sequence: llama.cpp switches to them there;
+kvtool has the short ones only and refuses to decode in such a context (one line saying so).
 """
 
 from __future__ import annotations

@@ -47,3 +47,18 @@ def test_variant_gives_llama_cpps_logits(variants: dict[str, Path], arch: str, u
     )
     got = replay(kvtool.Model(variants[arch]), z["tokens"], int(z["n_prompt"]), unified)
     assert rel_err(got, z["logits"]) <= 1e-3
+
+
+def test_phi3_refuses_a_context_that_needs_longropes_long_factors(variants: dict[str, Path]) -> None:
+    """llama.cpp rotates with rope_factors_long once a sequence's context exceeds
+    rope.scaling.original_context_length (512 in this model); kvtool says it does not, in one line,
+    rather than decode with the short factors."""
+    model = kvtool.Model(variants["phi3"])
+    ok = kvtool.Context(model, kvtool.ContextParams(n_ctx=512, n_seq_max=1))
+    ok.decode(kvtool.Batch.from_tokens([5, 6, 7]))
+    ctx = kvtool.Context(model, kvtool.ContextParams(n_ctx=2048, n_seq_max=4, kv_unified=False))  # 512 each
+    ctx.decode(kvtool.Batch.from_tokens([5, 6, 7]))
+    long = kvtool.Context(model, kvtool.ContextParams(n_ctx=1024, n_seq_max=1))
+    with pytest.raises(kvtool.KvtoolError, match="original_context_length 512") as e:
+        long.decode(kvtool.Batch.from_tokens([5, 6, 7]))
+    assert "\n" not in str(e.value) and long.memory.seq_pos_max(0) == -1  # nothing kept
