@@ -18,12 +18,11 @@ import torch
 from kvtool.batch import UBatch
 from kvtool.kernels.decoder_cpu import DecoderWeights, LayerWeights
 from kvtool.memory.base import MemoryContext
-from kvtool.memory.kv_cache import KVLayerSpec
-from kvtool.memory.kv_cells import SWAParams
 from kvtool.memory.spec import KVSpec
 from kvtool.models.compiled import compiled_layers, decoder_weights, gate_up_pair, native, native_group
 from kvtool.models.hparams import SWAHParams, read_float
 from kvtool.models.inputs import ForwardInputs, forward_inputs
+from kvtool.models.kv_layers import KVLayers
 from kvtool.models.layers import attend, geglu, gelu_table, rms_norm
 from kvtool.models.linear import Linear, LinearGroup
 from kvtool.models.llama import qkv
@@ -108,41 +107,28 @@ class Gemma3Model:
         self.output_norm = t.tensor("output_norm.weight", (t.n_embd,))
         self.output = t.output(self.tok_embd)  # tied embeddings if absent
         self.layers = [Gemma3Layer.load(t, il, v) for il in range(hp.n_layer)]
-        self.rope_global = RopeParams(
-            n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_freq_scale, neox=True
-        )
-        self.rope_swa = (
-            RopeParams(
+        rope_global = RopeParams(n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_freq_scale, neox=True)
+        rope_swa = rope_global
+        if self.swa is not None:
+            rope_swa = RopeParams(
                 n_rot=hp.n_rot, base=self.swa.rope_base, freq_scale=self.swa.rope_freq_scale, neox=True
             )
-            if self.swa is not None
-            else self.rope_global
-        )
+        self.kv = KVLayers(hp, self.swa, rope_global, rope_swa)
         head = hp.n_embd // hp.n_head if hp.n_layer == N_LAYER_27B.get(f.arch) else hp.head_dim_k
         self.q_scale = 1.0 / math.sqrt(head)
         self.embd_scale = math.sqrt(hp.n_embd)
-        # the compiled call's ubatch views: one per kind of layer present (global, sliding)
-        self._view_kinds = sorted({self.is_swa(il) for il in range(hp.n_layer)})
         self.decoder = self._decoder_weights()
 
     def is_swa(self, il: int) -> bool:
-        return self.swa is not None and il in self.swa.layers
+        return self.kv.is_swa(il)
 
     def rope(self, il: int) -> RopeParams:
-        """Sliding layers rotate with the SWA base (10000 unless `rope.freq_base_swa` says otherwise)."""
-        return self.rope_swa if self.is_swa(il) else self.rope_global
+        """Sliding layers rotate with the SWA base (Gemma 3: 10000 unless `rope.freq_base_swa` says
+        otherwise)."""
+        return self.kv.rope(il)
 
     def memory_spec(self) -> KVSpec:
-        hp = self.hp
-        kv = {il: KVLayerSpec(hp.n_head_kv[il], hp.head_dim_k, hp.head_dim_v) for il in range(hp.n_layer)}
-        if self.swa is None or not self.swa.layers:
-            return KVSpec(kv, shift=self.rope_shift)
-        return KVSpec(kv, shift=self.rope_shift, swa_layers=self.swa.layers, swa=SWAParams(self.swa.n_swa))
-
-    def rope_shift(self, il: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        """Re-rotate cached K rows [n, n_head_kv, hd] of layer il by position deltas [n]."""
-        p = self.rope(il)
-        return apply_rope(k, p.rotation(delta), p)
+        return self.kv.memory_spec()
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
@@ -150,20 +136,19 @@ class Gemma3Model:
 
     def inputs(self, ub: UBatch) -> ForwardInputs:
         """The ubatch's inputs on the model's device (kvtool/models/inputs.py)."""
-        return forward_inputs(ub, self.output_norm.device, [self.rope_global, self.rope_swa])
+        return forward_inputs(ub, self.output_norm.device, self.kv.ropes())
 
     def compute(self, inp: ForwardInputs, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """`forward` from inputs on the device: no host data is read but the ubatch's shape."""
         hp = self.hp
         n = ub.n_tokens
         x = self.tok_embd(inp.token) * self.embd_scale  # [n, n_embd]
-        rot_global = self.rope_global.rotation(inp.pos, inp.bounds)
-        rot_swa = self.rope_swa.rotation(inp.pos, inp.bounds)
-        cs = [(rot_swa if swa else rot_global).cs for swa in self._view_kinds]
+        rots = self.kv.rotations(inp)
+        cs = [rots[swa].cs for swa in self.kv.kinds]
         for il in range(compiled_layers(self.decoder, ub, mctx, x, cs), hp.n_layer):
             L = self.layers[il]
             rope = self.rope(il)
-            rot = rot_swa if self.is_swa(il) else rot_global
+            rot = rots[self.is_swa(il)]
             h = rms_norm(x, L.attn_norm, hp.eps)
             q, k, v = L.wqkv(h)
             q = q.reshape(n, hp.n_head, hp.head_dim_k)
@@ -202,9 +187,8 @@ class Gemma3Model:
             layer.attn_post_norm, layer.ffn_post_norm = L.attn_post_norm, L.ffn_post_norm
             layer.softcap = self.attn_softcap
             parts.append(layer)
-        view = [self._view_kinds.index(self.is_swa(il)) for il in range(hp.n_layer)]
         return decoder_weights(
-            parts, hp, n_rot=hp.n_rot, neox=True, scale=self.q_scale, view=view, gelu=gelu_table()
+            parts, hp, n_rot=hp.n_rot, neox=True, scale=self.q_scale, view=self.kv.views(), gelu=gelu_table()
         )
 
 

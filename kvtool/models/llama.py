@@ -19,16 +19,15 @@ from kvtool.batch import UBatch
 from kvtool.errors import KvtoolError, ModelLoadError
 from kvtool.kernels.decoder_cpu import DecoderWeights, LayerWeights
 from kvtool.memory.base import MemoryContext
-from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.kv_cache_context import KVView
-from kvtool.memory.kv_cells import SWAParams
 from kvtool.memory.spec import KVSpec
 from kvtool.models.compiled import compiled_layers, decoder_weights, gate_up_pair, native, native_group_bias
 from kvtool.models.hparams import GraniteScales, SWAHParams, read_int
 from kvtool.models.inputs import ForwardInputs, forward_inputs
+from kvtool.models.kv_layers import KVLayers
 from kvtool.models.layers import rms_norm, rms_norm_ggml, rope_attend, swiglu, swiglu_normed
 from kvtool.models.linear import Linear, LinearGroup, linear_normed
-from kvtool.models.rope import RopeParams, Rotation, apply_rope
+from kvtool.models.rope import RopeParams, Rotation
 from kvtool.models.tensors import AttnDims, Dim, ModelTensors
 
 
@@ -126,37 +125,24 @@ class LlamaModel:
             self.long_rope_ctx = read_int(
                 f, f"{f.arch}.rope.scaling.original_context_length", hp.n_ctx_train, lo=1
             )
-        self.rope_global = RopeParams(
+        rope_global = RopeParams(
             n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_freq_scale, neox=v.neox,
             freq_factors=t.optional(factors, numel=half_rot), attn_factor=hp.rope_attn_factor,
         )  # fmt: skip
         # sliding layers rotate with their own base and no frequency scaling (llama.cpp's olmo2)
-        self.rope_swa = (
-            RopeParams(n_rot=hp.n_rot, base=self.swa.rope_base, neox=v.neox) if self.swa else self.rope_global
-        )
+        rope_swa = RopeParams(n_rot=hp.n_rot, base=self.swa.rope_base, neox=v.neox) if self.swa else None
+        self.kv = KVLayers(hp, self.swa, rope_global, rope_swa or rope_global)
         self.kq_scale = self.scales.attention or 1.0 / math.sqrt(hp.head_dim_k)
-        self._view_kinds = sorted({self.is_swa(il) for il in range(hp.n_layer)})
         self.decoder = self._decoder_weights()
 
     def is_swa(self, il: int) -> bool:
-        return self.swa is not None and il in self.swa.layers
+        return self.kv.is_swa(il)
 
     def rope(self, il: int) -> RopeParams:
-        return self.rope_swa if self.is_swa(il) else self.rope_global
+        return self.kv.rope(il)
 
     def memory_spec(self) -> KVSpec:
-        hp = self.hp
-        layers = {il: KVLayerSpec(hp.n_head_kv[il], hp.head_dim_k, hp.head_dim_v) for il in range(hp.n_layer)}
-        if self.swa is None or not self.swa.layers:
-            return KVSpec(layers, shift=self.rope_shift)
-        return KVSpec(
-            layers, shift=self.rope_shift, swa_layers=self.swa.layers, swa=SWAParams(self.swa.n_swa)
-        )
-
-    def rope_shift(self, il: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        """Re-rotate cached K rows [n, n_head_kv, hd] of layer il by position deltas [n]."""
-        p = self.rope(il)
-        return apply_rope(k, p.rotation(delta), p)
+        return self.kv.memory_spec()
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
@@ -164,8 +150,7 @@ class LlamaModel:
 
     def inputs(self, ub: UBatch) -> ForwardInputs:
         """The ubatch's inputs on the model's device (kvtool/models/inputs.py)."""
-        ropes = [self.rope_global] + ([self.rope_swa] if self.swa is not None else [])
-        return forward_inputs(ub, self.output_norm.device, ropes)
+        return forward_inputs(ub, self.output_norm.device, self.kv.ropes())
 
     def compute(self, inp: ForwardInputs, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """`forward` from inputs on the device: no host data is read but the ubatch's shape."""
@@ -175,11 +160,10 @@ class LlamaModel:
         x = self.tok_embd(inp.token)  # [n, n_embd]
         if sc.embedding:
             x = x * sc.embedding
-        rot_global = self.rope_global.rotation(inp.pos, inp.bounds)
-        rot_swa = self.rope_swa.rotation(inp.pos, inp.bounds) if self.swa is not None else rot_global
-        cs = [(rot_swa if swa else rot_global).cs for swa in self._view_kinds]
+        rot = self.kv.rotations(inp)
+        cs = [rot[swa].cs for swa in self.kv.kinds]
         for il in range(compiled_layers(self.decoder, ub, mctx, x, cs), hp.n_layer):
-            x = self._layer(il, x, rot_swa if self.is_swa(il) else rot_global, ub, mctx)
+            x = self._layer(il, x, rot[self.is_swa(il)], ub, mctx)
         logits = linear_normed(self.output, x, self.output_norm, hp.eps, rms_norm)
         return logits / sc.logit if sc.logit else logits
 
@@ -244,8 +228,9 @@ class LlamaModel:
                 self.scales.residual,
             )
             parts.append(layer)
-        view = [self._view_kinds.index(self.is_swa(il)) for il in range(hp.n_layer)]
-        return decoder_weights(parts, hp, n_rot=hp.n_rot, neox=v.neox, scale=self.kq_scale, view=view)
+        return decoder_weights(
+            parts, hp, n_rot=hp.n_rot, neox=v.neox, scale=self.kq_scale, view=self.kv.views()
+        )
 
 
 def _post(y: torch.Tensor, norm: torch.Tensor | None, eps: float, scale: float) -> torch.Tensor:
