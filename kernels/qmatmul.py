@@ -47,6 +47,7 @@ BLOCKS = {
     IQ4_NL: (32, 18),
 }
 MAX_SEGS = 8  # weights one call stacks (qmatmul.c's MAX_SEGS)
+LOWBIT_TYPES = (Q2_K, Q3_K, IQ4_XS, IQ4_NL)  # qmatmul_lowbit.c's
 
 
 def supported(qtype: int, shape: tuple[int, ...]) -> bool:
@@ -106,7 +107,9 @@ class QWeight:
         self._nseg = len(raws)
         self._desc = _Weight(self.qtype, self._nseg, self._ptrs, self._rows, self.row_bytes, k, self.n_out)
         self._desc_ptr = ctypes.addressof(self._desc)
-        self.panels = panels(self.qtype)  # many rows at a time are fast too
+        # many rows (prompts) stay in the compiled kernel: the formats with its panel kernel are
+        # fast there, and the low-bit ones' float copy would be 7-12x their bytes (7B Q2_K: 28 GB)
+        self.panels = panels(self.qtype) or self.qtype in LOWBIT_TYPES
 
     def __call__(
         self, x: torch.Tensor, lib: ctypes.CDLL | None = None, norm: tuple[torch.Tensor, float] | None = None

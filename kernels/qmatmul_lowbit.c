@@ -30,7 +30,7 @@
 enum { T_Q2_K = 10, T_Q3_K = 11, T_IQ4_NL = 20, T_IQ4_XS = 23 };
 #define QB 32   /* elements of a Q8_0 / IQ4_NL block */
 #define QSB 256 /* elements of a K super-block (Q8_K) */
-#define NR 4    /* activation rows per pass over a weight row */
+#define NR 8    /* activation rows per pass over a weight row */
 #define MAX_SEGS 8
 #define PREFETCH_ROWS 8
 

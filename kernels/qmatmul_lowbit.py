@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from kvtool.kernels.dequant import IQ4_NL, IQ4_XS, Q2_K, Q3_K, QK_K, dequantize
-
-TYPES = (Q2_K, Q3_K, IQ4_XS, IQ4_NL)
+from kvtool.kernels.dequant import IQ4_NL, QK_K, dequantize
+from kvtool.kernels.qmatmul import LOWBIT_TYPES as TYPES  # noqa: F401 (the formats specified here)
 
 
 def _round_half_even(x: torch.Tensor) -> torch.Tensor:

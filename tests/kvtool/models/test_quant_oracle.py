@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import kvtool
+from kvtool.models.linear import QUANT_MAX_ROWS, QuantLinear
 from tests.kvtool.test_oracle_tiny import rel_err, replay
 
 DATA = Path(__file__).parent.parent.parent / "data" / "quant"
@@ -34,3 +35,15 @@ def test_dequantized_weights_give_llama_cpps_f32_logits(qtype: str) -> None:
     z = np.load(DATA / f"{qtype}_single_dequant.npz")
     model = kvtool.Model(DATA / "models" / f"tiny-q-{qtype}.gguf", weights="f32")
     assert rel_err(replay(model, z, unified=True), z["logits"]) <= 1e-3
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_prompts_stay_in_the_compiled_kernel(qtype: str) -> None:
+    """More rows than QUANT_MAX_ROWS (a prompt) stay in the compiled kernel for the low-bit
+    formats: their float32 copy would be 7-12 times their bytes."""
+    model = kvtool.Model(DATA / "models" / f"tiny-q-{qtype}.gguf")
+    ctx = kvtool.Context(model, kvtool.ContextParams(n_ctx=256, n_seq_max=1))
+    ctx.decode(kvtool.Batch.from_tokens(list(range(3, 3 + 3 * QUANT_MAX_ROWS)), logits="all"))
+    linears = [lin for layer in model.impl.layers for lin in (layer.wo, layer.ffn_down, layer.wqkv.fused)]
+    assert linears and all(isinstance(lin, QuantLinear) and lin.native is not None for lin in linears)
+    assert all(lin._dense is None for lin in linears if isinstance(lin, QuantLinear))
