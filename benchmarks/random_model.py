@@ -21,7 +21,7 @@ import numpy as np
 from gguf.quants import quantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.helpers.tiny_gguf import add_spm_vocab
+from tests.helpers.tiny_gguf import add_dims, add_spm_vocab
 
 T = gguf.GGMLQuantizationType
 
@@ -37,6 +37,7 @@ class Shape:
     n_ff: int
     n_vocab: int
     rope_base: float
+    n_ctx_train: int = 32768
 
 
 SHAPES = {
@@ -75,17 +76,10 @@ def write(shape: Shape, qtype: T, path: Path, seed: int = 0) -> Path:
     s, a = shape, shape.arch
     w = gguf.GGUFWriter(str(path), a)
     w.add_name(f"random-{a}")
-    w.add_block_count(s.n_layer)
-    w.add_context_length(32768)
-    w.add_embedding_length(s.n_embd)
-    w.add_feed_forward_length(s.n_ff)
-    w.add_head_count(s.n_head)
-    w.add_head_count_kv(s.n_head_kv)
+    add_dims(w, s, eps=1e-6)
     w.add_key_length(s.head_dim)
     w.add_value_length(s.head_dim)
-    w.add_rope_freq_base(s.rope_base)
     w.add_rope_dimension_count(s.head_dim)
-    w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(FILE_TYPES[qtype])
     add_spm_vocab(w, s.n_vocab)
 
