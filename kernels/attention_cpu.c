@@ -37,6 +37,7 @@ typedef struct {
     float *out; /* [S, n_q, H, Dv] contiguous */
     int64_t n_q, H, g, n_kv, D, Dv;
     float scale;
+    float softcap; /* scores soft-capped: cap * tanh(score / cap) before the mask (Gemma 2); 0: not */
 } attn_t;
 
 /* Element j of a row of the cache type. */
@@ -188,7 +189,9 @@ static inline __attribute__((always_inline)) void items_of_type(const attn_t *A,
                     sc[c] = -INFINITY;
                     continue;
                 }
-                sc[c] = dot_row(q, kb + c * A->sk_c * es, type, A->D) * A->scale + m[c];
+                sc[c] = dot_row(q, kb + c * A->sk_c * es, type, A->D) * A->scale;
+                if (A->softcap != 0.0f) sc[c] = tanhf(sc[c] * (1.0f / A->softcap)) * A->softcap;
+                sc[c] += m[c];
                 if (sc[c] > mx) mx = sc[c];
             }
             if (mx == -INFINITY) continue; /* sees no key: zeros */
@@ -210,18 +213,29 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
     }
 }
 
-/* See the file's comment. Strides are in elements; q, mask and out are float32, k and v of
- * `kv_type`. Returns 0, or -1 for a bad call. */
-int kva_attention(const float *q, int64_t sq_s, int64_t sq_i, int64_t sq_h, const void *k, int64_t sk_s,
-                  int64_t sk_c, int64_t sk_h, const void *v, int64_t sv_s, int64_t sv_c, int64_t sv_h,
-                  int kv_type, const float *mask, int64_t sm_s, int64_t sm_i, float *out, int64_t S,
-                  int64_t n_q, int64_t H, int64_t Hkv, int64_t n_kv, int64_t D, int64_t Dv, float scale) {
+/* See the file's comment; each score soft-capped at `softcap` unless it is 0 (Gemma 2: cap *
+ * tanh(scale * q.k / cap), then the mask). Strides are in elements; q, mask and out are float32, k
+ * and v of `kv_type`. Returns 0, or -1 for a bad call. */
+int kva_attention_softcap(const float *q, int64_t sq_s, int64_t sq_i, int64_t sq_h, const void *k, int64_t sk_s,
+                          int64_t sk_c, int64_t sk_h, const void *v, int64_t sv_s, int64_t sv_c, int64_t sv_h,
+                          int kv_type, const float *mask, int64_t sm_s, int64_t sm_i, float *out, int64_t S,
+                          int64_t n_q, int64_t H, int64_t Hkv, int64_t n_kv, int64_t D, int64_t Dv, float scale,
+                          float softcap) {
     if (kv_type < KV_F32 || kv_type > KV_BF16 || S < 0 || n_q < 0 || Hkv < 1 || H % Hkv || n_kv < 0) return -1;
     attn_t A = {q, sq_s, sq_i, sq_h, k, v, sk_s, sk_c, sk_h, sv_s, sv_c, sv_h, kv_type,
-                mask, sm_s, sm_i, out, n_q, H, H / Hkv, n_kv, D, Dv, scale};
+                mask, sm_s, sm_i, out, n_q, H, H / Hkv, n_kv, D, Dv, scale, softcap};
     void *probe = malloc(sizeof(float) * (size_t)(2 * (n_kv > 0 ? n_kv : 1)));
     if (!probe) return -1;
     free(probe);
     kv_parallel(attn_items, &A, S * H, 1);
     return 0;
+}
+
+/* kva_attention_softcap without a cap. */
+int kva_attention(const float *q, int64_t sq_s, int64_t sq_i, int64_t sq_h, const void *k, int64_t sk_s,
+                  int64_t sk_c, int64_t sk_h, const void *v, int64_t sv_s, int64_t sv_c, int64_t sv_h,
+                  int kv_type, const float *mask, int64_t sm_s, int64_t sm_i, float *out, int64_t S,
+                  int64_t n_q, int64_t H, int64_t Hkv, int64_t n_kv, int64_t D, int64_t Dv, float scale) {
+    return kva_attention_softcap(q, sq_s, sq_i, sq_h, k, sk_s, sk_c, sk_h, v, sv_s, sv_c, sv_h, kv_type, mask, sm_s,
+                                 sm_i, out, S, n_q, H, Hkv, n_kv, D, Dv, scale, 0.0f);
 }

@@ -20,11 +20,11 @@ MAX_ROWS = 16  # query rows per stream up to which the compiled kernel is used
 
 
 def _typed(lib: ctypes.CDLL) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
-    f = lib.kva_attention
+    f = lib.kva_attention_softcap
     if f.argtypes is None:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         f.argtypes = [ptr, i64, i64, i64, ptr, i64, i64, i64, ptr, i64, i64, i64, ctypes.c_int]
-        f.argtypes += [ptr, i64, i64, ptr, i64, i64, i64, i64, i64, i64, i64, ctypes.c_float]
+        f.argtypes += [ptr, i64, i64, ptr, i64, i64, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_float]
         f.restype = ctypes.c_int
     return f
 
@@ -45,9 +45,11 @@ def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def attention_cpu(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float = 0.0
 ) -> torch.Tensor:
-    """softmax(scale * q k^T + mask) v per stream (see the module docstring); needs `applies`."""
+    """softmax(scale * q k^T + mask) v per stream (see the module docstring); needs `applies`.
+    `softcap`: each score s becomes softcap * tanh(s / softcap) before the mask (Gemma 2;
+    kernels/attention_softcap.py is its specification)."""
     lib = cpu_lib.lib()
     assert lib is not None
     S, n_q, H, D = q.shape
@@ -62,7 +64,7 @@ def attention_cpu(
         k.data_ptr(), k.stride(0), k.stride(1), k.stride(2),
         v.data_ptr(), v.stride(0), v.stride(1), v.stride(2), _TYPES[k.dtype],
         mask.data_ptr(), mask.stride(0), mask.stride(1),
-        out.data_ptr(), S, n_q, H, Hkv, n_kv, D, Dv, scale,
+        out.data_ptr(), S, n_q, H, Hkv, n_kv, D, Dv, scale, softcap,
     )  # fmt: skip
     if rc != 0:
         raise ValueError(f"attention_cpu: bad call (q {tuple(q.shape)}, k {tuple(k.shape)})")

@@ -1,8 +1,10 @@
-/* Decoder layers for a small ubatch (decode) in one call, llama's and Gemma 3's: per layer the
- * RMS norm and the Q/K/V matmul (qmatmul.c), Gemma's RMS norm of each Q and K head, RoPE and the
- * K/V store into the layer's cache (rope_store_cpu.c), attention per stream over the cache
- * (attention_cpu.c), the output projection (Gemma: RMS-normed) added to the residual row, then
- * the normed gated feed-forward (SwiGLU, or Gemma's GELU) added too (Gemma: normed first).
+/* Decoder layers for a small ubatch (decode) in one call, the llama family's and the Gemma
+ * family's: per layer the RMS norm (unless the layer has none: olmo2) and the Q/K/V matmul
+ * (qmatmul.c) with its bias (qwen2), the RMS norm of each Q and K head (Gemma 3, qwen3) or of the
+ * whole of Q and K (olmo2), RoPE and the K/V store into the layer's cache (rope_store_cpu.c),
+ * attention per stream over the cache (attention_cpu.c; Gemma 2 soft-caps the scores), the output
+ * projection (Gemma, olmo2: RMS-normed; granite: scaled) added to the residual row, then the
+ * gated feed-forward (SwiGLU, or Gemma's GELU) added too (normed and scaled alike).
  *
  * For llama these are the kernels in the order kvtool/models/llama.py calls them one by one, so
  * the result has the same bits. Gemma's op-by-op forward (kvtool/models/gemma3.py) norms with
@@ -27,6 +29,10 @@ typedef struct {
     float eps, scale;                                 /* RMS norm epsilon, attention scale */
     int64_t n_head, n_head_kv, hd_k, hd_v, n_rot;
     int neox, ub; /* ub: which of the ubatch's views the layer attends with */
+    const float *qkv_bias; /* [Q|K|V width] added after the projection (qwen2), or NULL */
+    float res_scale;       /* each block's output times it before its residual add (granite); 0: not */
+    float softcap;         /* attention scores soft-capped (Gemma 2); 0: not */
+    int qk_norm_all;       /* q_norm / k_norm over a row's whole Q and K (olmo2), not per head */
 } kvl_layer;
 /* One layer's cache: K [n_stream, n_cells, n_head_kv, hd_k] at element strides (s, c, h) with a
  * contiguous last dimension, V likewise; the cache row of (stream s, cell c) is s * n_cells + c,
@@ -58,11 +64,15 @@ static void norm_heads(float *x, int64_t ld, int64_t n, int64_t heads, int64_t h
         for (int64_t h = 0; h < heads; h++) rms_norm_row(x + i * ld + h * hd, hd, w, eps, x + i * ld + h * hd);
 }
 
-/* x += y (normed with w first unless w is NULL), row by row; y is overwritten. */
-static void residual(float *x, int64_t ldx, float *y, int64_t n, int64_t n_embd, const float *w, float eps) {
+/* x += y (normed with w first unless w is NULL, then times scale unless it is 0), row by row; y
+ * is overwritten. */
+static void residual(float *x, int64_t ldx, float *y, int64_t n, int64_t n_embd, const float *w, float eps,
+                     float scale) {
     for (int64_t i = 0; i < n; i++) {
         float *yi = y + i * n_embd;
         if (w) rms_norm_row(yi, n_embd, w, eps, yi);
+        if (scale != 0.0f)
+            for (int64_t j = 0; j < n_embd; j++) yi[j] *= scale;
         for (int64_t j = 0; j < n_embd; j++) x[i * ldx + j] += yi[j];
     }
 }
@@ -78,23 +88,27 @@ static int layer(const kvl_layer *L, const kvl_cache *C, const kvl_ubatch *U, fl
     if (rc == 0 && L->wk) rc = kvq_matmul_ld(L->wk, x, ldx, n, qkv + wq, ldqkv, L->attn_norm, L->eps);
     if (rc == 0 && L->wk) rc = kvq_matmul_ld(L->wv, x, ldx, n, qkv + wq + wk, ldqkv, L->attn_norm, L->eps);
     if (rc) return rc;
-    if (L->q_norm) norm_heads(qkv, ldqkv, n, L->n_head, L->hd_k, L->q_norm, L->eps);
-    if (L->k_norm) norm_heads(qkv + wq, ldqkv, n, L->n_head_kv, L->hd_k, L->k_norm, L->eps);
+    if (L->qkv_bias)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < ldqkv; j++) qkv[i * ldqkv + j] += L->qkv_bias[j];
+    const int all = L->qk_norm_all;
+    if (L->q_norm) norm_heads(qkv, ldqkv, n, all ? 1 : L->n_head, all ? wq : L->hd_k, L->q_norm, L->eps);
+    if (L->k_norm) norm_heads(qkv + wq, ldqkv, n, all ? 1 : L->n_head_kv, all ? wk : L->hd_k, L->k_norm, L->eps);
     rc = kvr_rope_store(qkv, ldqkv, L->n_head, qkv + wq, ldqkv, L->n_head_kv, L->hd_k, qkv + wq + wk, ldqkv, wv, n,
                         U->cs, U->ldcs, L->n_rot, L->neox, C->k, C->sk_c, C->v, C->sv_c, C->type, U->rows);
     if (rc) return rc;
     const uint8_t *k0 = (const uint8_t *)C->k + U->stream0 * C->sk_s * es;
     const uint8_t *v0 = (const uint8_t *)C->v + U->stream0 * C->sv_s * es;
-    rc = kva_attention(qkv, per * ldqkv, ldqkv, L->hd_k, k0, C->sk_s, C->sk_c, C->sk_h, v0, C->sv_s, C->sv_c,
-                       C->sv_h, C->type, U->mask, U->sm_s, U->sm_i, att, U->n_stream, per, L->n_head, L->n_head_kv,
-                       U->n_kv, L->hd_k, L->hd_v, L->scale);
+    rc = kva_attention_softcap(qkv, per * ldqkv, ldqkv, L->hd_k, k0, C->sk_s, C->sk_c, C->sk_h, v0, C->sv_s,
+                               C->sv_c, C->sv_h, C->type, U->mask, U->sm_s, U->sm_i, att, U->n_stream, per, L->n_head,
+                               L->n_head_kv, U->n_kv, L->hd_k, L->hd_v, L->scale, L->softcap);
     if (rc) return rc;
     rc = kvq_matmul_w(L->wo, att, L->n_head * L->hd_v, n, y);
     if (rc) return rc;
-    residual(x, ldx, y, n, n_embd, L->attn_post_norm, L->eps);
+    residual(x, ldx, y, n, n_embd, L->attn_post_norm, L->eps, L->res_scale);
     rc = kvq_ffn_glu(L->gate_up, L->down, x, ldx, n, y, L->ffn_norm, L->eps, L->gelu);
     if (rc) return rc;
-    residual(x, ldx, y, n, n_embd, L->ffn_post_norm, L->eps);
+    residual(x, ldx, y, n, n_embd, L->ffn_post_norm, L->eps, L->res_scale);
     return 0;
 }
 

@@ -1,5 +1,5 @@
-"""Decoder layers for a small ubatch in one compiled call (decoder_cpu.c via cpu_lib): llama's
-and Gemma 3's.
+"""Decoder layers for a small ubatch in one compiled call (decoder_cpu.c via cpu_lib): the llama
+family's and the Gemma family's (the options each member needs: kernels/decoder_cpu.c).
 
 Per layer: RMS norm and the Q/K/V matmul, (Gemma) RMS norm of each Q and K head, RoPE and the
 K/V store into the cache, attention per stream, output projection plus residual ((Gemma) normed
@@ -39,6 +39,8 @@ class _Layer(ctypes.Structure):  # decoder_cpu.c's kvl_layer
         ("eps", ctypes.c_float), ("scale", ctypes.c_float),
         ("n_head", _i64), ("n_head_kv", _i64), ("hd_k", _i64), ("hd_v", _i64), ("n_rot", _i64),
         ("neox", ctypes.c_int), ("ub", ctypes.c_int),
+        ("qkv_bias", _ptr), ("res_scale", ctypes.c_float), ("softcap", ctypes.c_float),
+        ("qk_norm_all", ctypes.c_int),
     ]  # fmt: skip
 
 
@@ -60,21 +62,27 @@ class _UBatch(ctypes.Structure):  # kvl_ubatch
 @dataclass
 class LayerWeights:
     """One layer as the compiled call takes it: quantized weights without biases (wqkv stacks Q,
-    K and V, or with wk and wv is Q alone; gate_up the gate then the up weight) and norm weights;
-    Gemma's per-head Q/K norms and post-attention / post-FFN norms where the layer has them."""
+    K and V, or with wk and wv is Q alone; gate_up the gate then the up weight) and norm weights
+    (None: no norm before the block, olmo2); where the layer has them, the Q/K/V bias (qwen2), the
+    per-head Q/K norms (or over the whole of Q and K: `qk_norm_all`, olmo2), the post-attention /
+    post-FFN norms, a residual scale (granite) and an attention soft-cap (Gemma 2)."""
 
     wqkv: QWeight
     wo: QWeight
     gate_up: QWeight
     down: QWeight
-    attn_norm: torch.Tensor
-    ffn_norm: torch.Tensor
+    attn_norm: torch.Tensor | None
+    ffn_norm: torch.Tensor | None
     wk: QWeight | None = None
     wv: QWeight | None = None
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
     attn_post_norm: torch.Tensor | None = None
     ffn_post_norm: torch.Tensor | None = None
+    qkv_bias: torch.Tensor | None = None
+    qk_norm_all: bool = False
+    res_scale: float = 0.0
+    softcap: float = 0.0
 
 
 @dataclass
@@ -137,6 +145,7 @@ class DecoderWeights:
                 *weights, *map(ptr, norms), eps, scale,
                 n_head[il], n_head_kv[il], head_dim_k, head_dim_v, n_rot, int(neox),
                 view[il] if view is not None else 0,
+                ptr(L.qkv_bias), L.res_scale, L.softcap, int(L.qk_norm_all),
             )  # fmt: skip
         self.view = list(view) if view is not None else [0] * len(layers)
         self.n_view = 1 + max(self.view, default=0)

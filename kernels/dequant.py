@@ -14,7 +14,8 @@ import torch
 
 # GGML type ids (ggml.h / gguf.GGMLQuantizationType): kernels import only torch.
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
-Q4_K, Q5_K, Q6_K, BF16 = 12, 13, 14, 30
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
+IQ4_NL, IQ4_XS, BF16 = 20, 23, 30
 
 # ggml's type names by id, for error messages ("-" marks unused ids); one string keeps it short.
 _NAMES = (  # noqa: SIM905
@@ -158,6 +159,64 @@ def _q6_k(raw: torch.Tensor) -> torch.Tensor:
     return q.mul_((_half(b, 208) * scale).unsqueeze(-1)).flatten(1)
 
 
+def _q2_k(raw: torch.Tensor) -> torch.Tensor:
+    # 84 bytes / 256: 16 scale bytes (low nibble scale, high nibble min per 16 elements), 64 bytes
+    # of 2-bit q, fp16 d, fp16 dmin; x = (d * scale) * q - dmin * min. Byte l of each 32-byte
+    # half holds element l of its 4 sub-blocks of 32 at bits 0-1, 2-3, 4-5, 6-7.
+    b = _blocks(raw, 84)
+    sc = b[:, :16].unsqueeze(-1)  # [n, 16, 1]
+    dl = _half(b, 80).unsqueeze(-1) * (sc & 0xF).float()
+    ml = _half(b, 82).unsqueeze(-1) * (sc >> 4).float()
+    q = (b[:, 16:80].view(-1, 2, 1, 32) >> _shifts(b, 0, 2, 4, 6).view(1, 1, 4, 1)) & 3
+    return q.view(-1, 16, 16).float().mul_(dl).sub_(ml).flatten(1)
+
+
+def _q3_k(raw: torch.Tensor) -> torch.Tensor:
+    # 110 bytes / 256: 32 bytes hmask, 64 bytes of 2-bit q (as Q2_K), 12 bytes of 6-bit scales,
+    # fp16 d; x = d * (scale - 32) * (q - 4 * (1 - hbit)) per 16 elements. Bit j of hmask byte l
+    # is the high bit of element l of sub-block j of 32. Scale j's low 4 bits are the low (j < 8)
+    # or high nibble of byte j % 8, its top 2 bits bits 2 * (j // 4) of byte 8 + j % 4.
+    b = _blocks(raw, 110)
+    s = b[:, 96:108]
+    lo = (s[:, :8].unsqueeze(1) >> _shifts(b, 0, 4).view(1, 2, 1)).reshape(-1, 16) & 0xF
+    hi = (s[:, 8:].unsqueeze(1) >> _shifts(b, 0, 2, 4, 6).view(1, 4, 1)).reshape(-1, 16) & 3
+    scale = (lo | (hi << 4)).view(torch.int8).sub_(32).float()
+    dl = (_half(b, 108) * scale).unsqueeze(-1)  # [n, 16, 1]
+    ql = (b[:, 32:96].view(-1, 2, 1, 32) >> _shifts(b, 0, 2, 4, 6).view(1, 1, 4, 1)) & 3
+    qh = (b[:, :32].view(-1, 1, 32) >> _shifts(b, *range(8)).view(1, 8, 1)) & 1
+    q = ql.view(-1, 16, 16).view(torch.int8) - ((qh.view(-1, 16, 16) ^ 1) << 2).view(torch.int8)
+    return q.float().mul_(dl).flatten(1)
+
+
+# the 16 values of the non-linear 4-bit formats (ggml's kvalues_iq4nl)
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _iq4_values(q: torch.Tensor) -> torch.Tensor:
+    """The float value of each 4-bit index of q (uint8 0..15)."""
+    return torch.tensor(IQ4_VALUES, dtype=torch.float32, device=q.device)[q.long()]
+
+
+def _iq4_nl(raw: torch.Tensor) -> torch.Tensor:
+    # 18 bytes / 32: fp16 d, 16 bytes of 4-bit indices (low nibbles: elements 0-15, high: 16-31);
+    # x = d * IQ4_VALUES[q]
+    b = _blocks(raw, 18)
+    return _iq4_values(_nibbles(b[:, 2:]).flatten(1)).mul_(_half(b, 0))
+
+
+def _iq4_xs(raw: torch.Tensor) -> torch.Tensor:
+    # 136 bytes / 256: fp16 d, uint16 of the scales' high 2 bits (2 per sub-block of 32), 4 bytes
+    # of their low nibbles, 128 bytes of 4-bit indices (16 per sub-block, as IQ4_NL);
+    # x = d * (scale - 32) * IQ4_VALUES[q]
+    b = _blocks(raw, 136)
+    lo = _nibbles(b[:, 4:8]).transpose(1, 2).reshape(-1, 8)  # sub-block j: nibble j % 2 of byte j // 2
+    hi = (_bits(b[:, 2:4]).view(-1, 8, 2) * _shifts(b, 1, 2)).sum(-1, dtype=torch.uint8)
+    scale = (lo | (hi << 4)).view(torch.int8).sub_(32).float()
+    dl = (_half(b, 0) * scale).unsqueeze(-1)  # [n, 8, 1]
+    q = _nibbles(b[:, 8:].view(-1, 8, 16)).view(-1, 8, 32)
+    return _iq4_values(q).mul_(dl).flatten(1)
+
+
 # type id -> (elements per block, bytes per block, dequantize)
 _DEQUANT: dict[int, tuple[int, int, Callable[[torch.Tensor], torch.Tensor]]] = {
     F32: (1, 4, _f32),
@@ -168,9 +227,13 @@ _DEQUANT: dict[int, tuple[int, int, Callable[[torch.Tensor], torch.Tensor]]] = {
     Q5_0: (32, 22, _q5_0),
     Q5_1: (32, 24, _q5_1),
     Q8_0: (32, 34, _q8_0),
+    Q2_K: (QK_K, 84, _q2_k),
+    Q3_K: (QK_K, 110, _q3_k),
     Q4_K: (QK_K, 144, _q4_k),
     Q5_K: (QK_K, 176, _q5_k),
     Q6_K: (QK_K, 210, _q6_k),
+    IQ4_NL: (32, 18, _iq4_nl),
+    IQ4_XS: (QK_K, 136, _iq4_xs),
 }
 
 

@@ -637,7 +637,7 @@ static void matmul_rows(void *ctx, int64_t o0, int64_t o1) {
 /* ---------------------------------------------------------------- entry points */
 int kvq_supported(int type) {
     return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q8_0 || type == T_Q4_K ||
-           type == T_Q6_K;
+           type == T_Q6_K || kvb_supported(type);
 }
 
 
@@ -691,6 +691,8 @@ static void quantize_rows(void *ctx, int64_t i0, int64_t i1) {
 static int matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, int nseg, int64_t row_bytes,
                   int64_t k, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy, const float *norm_w,
                   float eps) {
+    if (kvb_supported(type)) /* qmatmul_lowbit.c: activations quantized as llama.cpp does for each */
+        return kvb_matmul(type, ws, seg_rows, nseg, row_bytes, k, x, ldx, n, y, ldy, norm_w, eps);
     const int64_t block = type == T_Q4_K || type == T_Q6_K ? QK_K : QK;
     if (!kvq_supported(type) || k % block || n < 0 || nseg < 1 || nseg > MAX_SEGS) return -1;
     job_t J = {.f = {type, row_bytes}, .nseg = nseg, .k = k, .n = n, .y = y, .ldy = ldy};

@@ -17,7 +17,20 @@ import ctypes
 import torch
 
 from kvtool.kernels import cpu_lib
-from kvtool.kernels.dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, QK_K, dequantize
+from kvtool.kernels.dequant import (
+    IQ4_NL,
+    IQ4_XS,
+    Q2_K,
+    Q3_K,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q6_K,
+    Q8_0,
+    QK_K,
+    dequantize,
+)
 
 # type id -> (elements per block, bytes per block)
 BLOCKS = {
@@ -27,8 +40,14 @@ BLOCKS = {
     Q8_0: (32, 34),
     Q4_K: (QK_K, 144),
     Q6_K: (QK_K, 210),
+    # qmatmul_lowbit.c: activations quantized per format as llama.cpp does (qmatmul_lowbit.py)
+    Q2_K: (QK_K, 84),
+    Q3_K: (QK_K, 110),
+    IQ4_XS: (QK_K, 136),
+    IQ4_NL: (32, 18),
 }
 MAX_SEGS = 8  # weights one call stacks (qmatmul.c's MAX_SEGS)
+LOWBIT_TYPES = (Q2_K, Q3_K, IQ4_XS, IQ4_NL)  # qmatmul_lowbit.c's
 
 
 def supported(qtype: int, shape: tuple[int, ...]) -> bool:
@@ -88,7 +107,9 @@ class QWeight:
         self._nseg = len(raws)
         self._desc = _Weight(self.qtype, self._nseg, self._ptrs, self._rows, self.row_bytes, k, self.n_out)
         self._desc_ptr = ctypes.addressof(self._desc)
-        self.panels = panels(self.qtype)  # many rows at a time are fast too
+        # many rows (prompts) stay in the compiled kernel: the formats with its panel kernel are
+        # fast there, and the low-bit ones' float copy would be 7-12x their bytes (7B Q2_K: 28 GB)
+        self.panels = panels(self.qtype) or self.qtype in LOWBIT_TYPES
 
     def __call__(
         self, x: torch.Tensor, lib: ctypes.CDLL | None = None, norm: tuple[torch.Tensor, float] | None = None

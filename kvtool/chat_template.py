@@ -59,6 +59,28 @@ NAMED_TEMPLATES: dict[str, str] = {
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}{%- endif -%}
 """,
+    "phi3": r"""
+{%- for message in messages -%}
+{{- '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|assistant|>\n' -}}{%- endif -%}
+""",
+    "phi4": r"""
+{%- for message in messages -%}
+{{- '<|im_start|>' + message['role'] + '<|im_sep|>' + message['content'] + '<|im_end|>' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant<|im_sep|>' -}}{%- endif -%}
+""",
+    # IBM Granite 3.x (llama.cpp's granite 4 formats differ only for tool calls, which kvtool's
+    # conversations do not hold: Granite 4 templates render with Jinja)
+    "granite": r"""
+{%- for message in messages -%}
+{{- '<|start_of_role|>' + message['role'] + '<|end_of_role|>' -}}
+{%- if message['role'] == 'assistant_tool_call' -%}{{- '<|tool_call|>' -}}{%- endif -%}
+{{- message['content'] + '<|end_of_text|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|start_of_role|>assistant<|end_of_role|>' -}}{%- endif -%}
+""",
     # llama.cpp's plain "llama2": no <<SYS>> block (system text is a line of the first turn), no
     # BOS inside the history, and no generation prompt (the open [INST] turn is the prompt).
     "llama2": r"""
@@ -173,14 +195,22 @@ class ChatTemplate:
 
 
 def detect_template(source: str) -> str | None:
-    """The named format a GGUF template is an instance of, by llama.cpp's markers
+    """The named format a GGUF template is an instance of, by llama.cpp's markers in its order
     (llm_chat_detect_template), or None when kvtool has no named format for it."""
-    if "<|im_start|>" in source and "<|im_sep|>" not in source and "<end_of_utterance>" not in source:
-        return "chatml"
+    if "<|im_start|>" in source:
+        if "<|im_sep|>" in source:
+            return "phi4"
+        return None if "<end_of_utterance>" in source else "chatml"
+    if "[INST]" in source:  # llama.cpp's Mistral and Llama 2 formats: rendered with Jinja here
+        return None
+    if "<|assistant|>" in source and "<|end|>" in source:
+        return "phi3"
     if "<start_of_turn>" in source:
         return "gemma"
     if "<|start_header_id|>" in source and "<|end_header_id|>" in source:
         return "llama3"
+    if "<|start_of_role|>" in source and "<tool_call>" not in source and "<tools>" not in source:
+        return "granite"
     return None
 
 

@@ -21,6 +21,7 @@ from kvtool.models.hparams import HParams
 from kvtool.models.hparams_check import check_model
 from kvtool.models.inputs import ForwardInputs
 from kvtool.models.linear import QUANT_MAX_ROWS, check_weights_mode, computes_natively, weights_for_device
+from kvtool.models.tensors import ModelTensors
 from kvtool.threads import compute_threads
 from kvtool.vocab import Vocab
 
@@ -49,10 +50,12 @@ class Model:
         self.vocab = Vocab.from_gguf(self.file)
         self.hparams = HParams.from_gguf(self.file, self.vocab.n_vocab)
         check_model(self.file, self.hparams, self.vocab.n_vocab)  # before any weight is read
+        tensors = ModelTensors(on_device(self.file, self.device), self.hparams, weights)
         try:
-            self.impl = ARCHITECTURES[arch](on_device(self.file, self.device), self.hparams, weights)
+            self.impl = ARCHITECTURES[arch](tensors)
         except KeyError as e:
             raise ModelLoadError(f"{self.path.name}: missing or malformed {e}") from e
+        tensors.refuse_unclaimed()
         # the architecture again where its forward splits into inputs and device work
         self._split: SplitForward | None = self.impl if isinstance(self.impl, SplitForward) else None
         self.use_chat_template(jinja=False)

@@ -1,26 +1,24 @@
-"""Architectures by GGUF `general.architecture` name."""
+"""Architectures by GGUF `general.architecture` name.
+
+Each architecture lives in one module of this package, which names and shapes its tensors where
+it loads them (kvtool/models/tensors.py) and registers itself in its module-level
+`ARCHITECTURES` dict: adding a module adds the architecture. The modules are found here, once.
+"""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from kvtool.batch import UBatch
-from kvtool.gguf_file import GGUFFile
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.spec import MemorySpec
-from kvtool.models.gemma3 import Gemma3Model
-from kvtool.models.granite_hybrid import GraniteHybridModel
-from kvtool.models.hparams import HParams
 from kvtool.models.inputs import ForwardInputs
-from kvtool.models.lfm2 import Lfm2Model
-from kvtool.models.llama import LlamaModel
-from kvtool.models.mamba import MambaModel
-from kvtool.models.mamba2 import Mamba2Model
-from kvtool.models.rwkv6 import RWKV6Model
-from kvtool.models.rwkv7 import RWKV7Model
+from kvtool.models.tensors import ModelTensors
 
 
 class Architecture(Protocol):
@@ -44,13 +42,20 @@ class SplitForward(Architecture, Protocol):
     def compute(self, inp: ForwardInputs, ub: UBatch, mctx: MemoryContext) -> torch.Tensor: ...
 
 
-ARCHITECTURES: dict[str, Callable[[GGUFFile, HParams, str], Architecture]] = {
-    "llama": LlamaModel,
-    "gemma3": Gemma3Model,
-    "mamba": MambaModel,
-    "mamba2": Mamba2Model,
-    "rwkv6": RWKV6Model,
-    "rwkv7": RWKV7Model,
-    "granitehybrid": GraniteHybridModel,
-    "lfm2": Lfm2Model,
-}
+Build = Callable[[ModelTensors], Architecture]
+
+
+def _registered() -> dict[str, Build]:
+    """Every module's `ARCHITECTURES`; a name two modules claim is a programming error."""
+    found: dict[str, Build] = {}
+    for m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{m.name}")
+        archs: dict[str, Build] = getattr(module, "ARCHITECTURES", {})
+        for name, build in archs.items():
+            if name in found:
+                raise RuntimeError(f"architecture {name!r} is registered twice (kvtool.models.{m.name})")
+            found[name] = build
+    return found
+
+
+ARCHITECTURES: dict[str, Build] = _registered()

@@ -31,6 +31,21 @@ def native_group(group: LinearGroup) -> list[QWeight] | None:
     return parts if len(parts) == len(group.parts) else None
 
 
+def native_group_bias(group: LinearGroup) -> tuple[list[QWeight], torch.Tensor | None] | None:
+    """`native_group` for a group whose weights may carry biases (qwen2's Q/K/V): the weights
+    and their biases stacked as the call's rows are (None: no bias at all)."""
+    lins = [group.fused] if group.fused is not None else group.parts
+    if not all(isinstance(p, QuantLinear) and p.native is not None for p in lins):
+        return None
+    quant = [p for p in lins if isinstance(p, QuantLinear)]
+    weights = [p.native for p in quant if p.native is not None]
+    if all(p.bias is None for p in quant):
+        return weights, None
+    rows = [w.n_out for w in weights]
+    biases = [p.bias if p.bias is not None else torch.zeros(n) for p, n in zip(quant, rows, strict=True)]
+    return weights, torch.cat(biases)
+
+
 def gate_up_pair(group: LinearGroup) -> QWeight | None:
     """A feed-forward's gate and up weights stacked in one compiled weight of equal halves."""
     if len(group.sizes) != 2 or group.sizes[0] != group.sizes[1]:

@@ -1,9 +1,11 @@
-"""The `gemma3` architecture (Gemma 3): scaled embeddings, q/k norms per head, post-attention and
-post-FFN norms, GELU-gated FFN, NEOX RoPE with a base per layer kind, and interleaved sliding-window
-attention (llama.cpp's llm_build_gemma3).
+"""The Gemma family: `gemma3` (Gemma 3) here, `gemma2` (kvtool/models/gemma2.py) by its `Variant`.
+Scaled embeddings, pre- and post-norms around attention and the FFN, GELU-gated FFN, NEOX RoPE with
+a base per layer kind, interleaved sliding-window attention; Gemma 3 norms Q and K per head,
+Gemma 2 soft-caps the attention scores and the logits (llama.cpp's llm_build_gemma3 and
+llm_build_gemma2).
 
 GGUF norm weights are stored "as used": the converter already added Gemma's +1, so every norm
-is a plain RMSNorm multiply here.
+is a plain RMSNorm multiply here. Every tensor is named and shaped once, where it is loaded.
 """
 
 from __future__ import annotations
@@ -14,21 +16,42 @@ from dataclasses import dataclass
 import torch
 
 from kvtool.batch import UBatch
-from kvtool.gguf_file import GGUFFile
 from kvtool.kernels.decoder_cpu import DecoderWeights, LayerWeights
 from kvtool.memory.base import MemoryContext
-from kvtool.memory.kv_cache import KVLayerSpec
-from kvtool.memory.kv_cells import SWAParams
 from kvtool.memory.spec import KVSpec
 from kvtool.models.compiled import compiled_layers, decoder_weights, gate_up_pair, native, native_group
-from kvtool.models.hparams import HParams, SWAHParams, read_float
+from kvtool.models.hparams import SWAHParams, read_float
 from kvtool.models.inputs import ForwardInputs, forward_inputs
+from kvtool.models.kv_layers import KVLayers
 from kvtool.models.layers import attend, geglu, gelu_table, rms_norm
-from kvtool.models.linear import Embedding, Linear, LinearGroup, load_linear, output_linear
+from kvtool.models.linear import Linear, LinearGroup
+from kvtool.models.llama import qkv
 from kvtool.models.rope import RopeParams, apply_rope
+from kvtool.models.tensors import Dim, ModelTensors
 
-SWA_PATTERN_DEFAULT = 6  # five sliding layers, then one global (when the GGUF has no pattern key)
-N_LAYER_27B = 62  # Gemma-3-27B scales queries by 1/sqrt(n_embd / n_head) instead of 1/sqrt(head_dim)
+N_LAYER_27B = {
+    "gemma2": 46,
+    "gemma3": 62,
+}  # 27B scales queries by 1/sqrt(n_embd / n_head), not 1/sqrt(head_dim)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What Gemma 2 and Gemma 3 do differently (llama.cpp's load_arch_hparams of each)."""
+
+    qk_norm: bool  # Q and K RMS-normed per head (Gemma 3)
+    swa_pattern: int  # the sliding-window pattern when the GGUF has none
+    n_swa: int  # the window when the GGUF has none; 0: no sliding layers then
+    swa_rope_base: (
+        float | None
+    )  # the sliding layers' rope base without `rope.freq_base_swa` (None: rope.freq_base)
+    attn_softcap: float | None  # attention scores soft-capped at `attn_logit_softcapping`, or this default
+    final_softcap: float  # logits soft-capped at `final_logit_softcapping`, or this default (0: not)
+
+
+GEMMA3 = Variant(
+    qk_norm=True, swa_pattern=6, n_swa=0, swa_rope_base=10000.0, attn_softcap=None, final_softcap=0.0
+)
 
 
 @dataclass
@@ -36,8 +59,8 @@ class Gemma3Layer:
     attn_norm: torch.Tensor  # [n_embd]
     wqkv: LinearGroup  # q [n_head * hd, n_embd], k [n_head_kv * hd, n_embd], v [n_head_kv * hd_v, n_embd]
     wo: Linear  # [n_embd, n_head * hd_v]
-    q_norm: torch.Tensor  # [hd]
-    k_norm: torch.Tensor  # [hd]
+    q_norm: torch.Tensor | None  # [hd] (Gemma 3)
+    k_norm: torch.Tensor | None  # [hd]
     attn_post_norm: torch.Tensor  # [n_embd]
     ffn_norm: torch.Tensor  # [n_embd]
     ffn_gate_up: LinearGroup  # gate, up [n_ff, n_embd]
@@ -45,77 +68,67 @@ class Gemma3Layer:
     ffn_post_norm: torch.Tensor  # [n_embd]
 
     @classmethod
-    def load(cls, f: GGUFFile, il: int, weights: str) -> Gemma3Layer:
-        def t(name: str) -> torch.Tensor:
-            return f.tensor(f"blk.{il}.{name}.weight")
+    def load(cls, t: ModelTensors, il: int, v: Variant) -> Gemma3Layer:
+        p, E, F = f"blk.{il}.", t.n_embd, t.n_ff(il)
+        d = t.attention(il)
 
-        def lin(name: str) -> Linear:
-            return load_linear(f, f"blk.{il}.{name}.weight", weights)
-
-        def group(*names: str) -> LinearGroup:
-            return LinearGroup(f, [f"blk.{il}.{n}.weight" for n in names], weights, [None] * len(names))
+        def norm(name: str, size: Dim = E) -> torch.Tensor:
+            return t.tensor(p + name + ".weight", (size,))
 
         return cls(
-            attn_norm=t("attn_norm"),
-            wqkv=group("attn_q", "attn_k", "attn_v"),
-            wo=lin("attn_output"),
-            q_norm=t("attn_q_norm"),
-            k_norm=t("attn_k_norm"),
-            attn_post_norm=t("post_attention_norm"),
-            ffn_norm=t("ffn_norm"),
-            ffn_gate_up=group("ffn_gate", "ffn_up"),
-            ffn_down=lin("ffn_down"),
-            ffn_post_norm=t("post_ffw_norm"),
+            attn_norm=norm("attn_norm"),
+            wqkv=qkv(t, il, d),
+            wo=t.linear(p + "attn_output.weight", (E, d.out)),
+            q_norm=norm("attn_q_norm", d.head_k) if v.qk_norm else None,
+            k_norm=norm("attn_k_norm", d.head_k) if v.qk_norm else None,
+            attn_post_norm=norm("post_attention_norm"),
+            ffn_norm=norm("ffn_norm"),
+            ffn_gate_up=t.group([(p + "ffn_gate.weight", (F, E)), (p + "ffn_up.weight", (F, E))]),
+            ffn_down=t.linear(p + "ffn_down.weight", (E, F)),
+            ffn_post_norm=norm("post_ffw_norm"),
         )
 
 
 class Gemma3Model:
-    """Weights and forward pass of the gemma3 architecture."""
+    """Weights and forward pass of an architecture of the Gemma family."""
 
-    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
-        self.hp = hp
-        self.swa = SWAHParams.from_gguf(f, hp.n_layer, SWA_PATTERN_DEFAULT)
-        # Logits are soft-capped only when the file asks for it (Gemma 3 itself does not).
-        self.final_logit_softcap = read_float(f, f"{f.arch}.final_logit_softcapping", 0.0)
-        self.tok_embd = Embedding(f, "token_embd.weight", weights)  # [n_vocab, n_embd]
-        self.output_norm = f.tensor("output_norm.weight")
-        self.output = output_linear(f, weights, self.tok_embd)  # tied embeddings if absent
-        self.layers = [Gemma3Layer.load(f, il, weights) for il in range(hp.n_layer)]
-        self.rope_global = RopeParams(
-            n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_freq_scale, neox=True
-        )
-        self.rope_swa = (
-            RopeParams(
+    def __init__(self, t: ModelTensors, variant: Variant = GEMMA3) -> None:
+        f, hp, v = t.f, t.hp, variant
+        self.hp, self.v = hp, v
+        a = f.arch + "."
+        swa_base = v.swa_rope_base if v.swa_rope_base is not None else hp.rope_base
+        self.swa = SWAHParams.from_gguf(f, hp.n_layer, v.swa_pattern, swa_base, v.n_swa)
+        self.attn_softcap = 0.0
+        if v.attn_softcap is not None:
+            self.attn_softcap = read_float(f, a + "attn_logit_softcapping", v.attn_softcap, positive=True)
+        # Logits are soft-capped only when the file (or the variant's default) asks for it.
+        self.final_logit_softcap = read_float(f, a + "final_logit_softcapping", v.final_softcap)
+        self.tok_embd = t.embedding()  # [n_vocab, n_embd]
+        self.output_norm = t.tensor("output_norm.weight", (t.n_embd,))
+        self.output = t.output(self.tok_embd)  # tied embeddings if absent
+        self.layers = [Gemma3Layer.load(t, il, v) for il in range(hp.n_layer)]
+        rope_global = RopeParams(n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_freq_scale, neox=True)
+        rope_swa = rope_global
+        if self.swa is not None:
+            rope_swa = RopeParams(
                 n_rot=hp.n_rot, base=self.swa.rope_base, freq_scale=self.swa.rope_freq_scale, neox=True
             )
-            if self.swa is not None
-            else self.rope_global
-        )
-        head = hp.n_embd // hp.n_head if hp.n_layer == N_LAYER_27B else hp.head_dim_k
+        self.kv = KVLayers(hp, self.swa, rope_global, rope_swa)
+        head = hp.n_embd // hp.n_head if hp.n_layer == N_LAYER_27B.get(f.arch) else hp.head_dim_k
         self.q_scale = 1.0 / math.sqrt(head)
         self.embd_scale = math.sqrt(hp.n_embd)
-        # the compiled call's ubatch views: one per kind of layer present (global, sliding)
-        self._view_kinds = sorted({self.is_swa(il) for il in range(hp.n_layer)})
         self.decoder = self._decoder_weights()
 
     def is_swa(self, il: int) -> bool:
-        return self.swa is not None and il in self.swa.layers
+        return self.kv.is_swa(il)
 
     def rope(self, il: int) -> RopeParams:
-        """Sliding layers rotate with the SWA base (10000 unless `rope.freq_base_swa` says otherwise)."""
-        return self.rope_swa if self.is_swa(il) else self.rope_global
+        """Sliding layers rotate with the SWA base (Gemma 3: 10000 unless `rope.freq_base_swa` says
+        otherwise)."""
+        return self.kv.rope(il)
 
     def memory_spec(self) -> KVSpec:
-        hp = self.hp
-        kv = {il: KVLayerSpec(hp.n_head_kv[il], hp.head_dim_k, hp.head_dim_v) for il in range(hp.n_layer)}
-        if self.swa is None or not self.swa.layers:
-            return KVSpec(kv, shift=self.rope_shift)
-        return KVSpec(kv, shift=self.rope_shift, swa_layers=self.swa.layers, swa=SWAParams(self.swa.n_swa))
-
-    def rope_shift(self, il: int, k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        """Re-rotate cached K rows [n, n_head_kv, hd] of layer il by position deltas [n]."""
-        p = self.rope(il)
-        return apply_rope(k, p.rotation(delta), p)
+        return self.kv.memory_spec()
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
@@ -123,27 +136,29 @@ class Gemma3Model:
 
     def inputs(self, ub: UBatch) -> ForwardInputs:
         """The ubatch's inputs on the model's device (kvtool/models/inputs.py)."""
-        return forward_inputs(ub, self.output_norm.device, [self.rope_global, self.rope_swa])
+        return forward_inputs(ub, self.output_norm.device, self.kv.ropes())
 
     def compute(self, inp: ForwardInputs, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """`forward` from inputs on the device: no host data is read but the ubatch's shape."""
         hp = self.hp
         n = ub.n_tokens
         x = self.tok_embd(inp.token) * self.embd_scale  # [n, n_embd]
-        rot_global = self.rope_global.rotation(inp.pos, inp.bounds)
-        rot_swa = self.rope_swa.rotation(inp.pos, inp.bounds)
-        cs = [(rot_swa if swa else rot_global).cs for swa in self._view_kinds]
+        rots = self.kv.rotations(inp)
+        cs = [rots[swa].cs for swa in self.kv.kinds]
         for il in range(compiled_layers(self.decoder, ub, mctx, x, cs), hp.n_layer):
             L = self.layers[il]
             rope = self.rope(il)
-            rot = rot_swa if self.is_swa(il) else rot_global
+            rot = rots[self.is_swa(il)]
             h = rms_norm(x, L.attn_norm, hp.eps)
             q, k, v = L.wqkv(h)
             q = q.reshape(n, hp.n_head, hp.head_dim_k)
             k = k.reshape(n, hp.n_head_kv[il], hp.head_dim_k)  # v stays rows [n, n_head_kv * hd_v]
-            q = apply_rope(rms_norm(q, L.q_norm, hp.eps), rot, rope) * self.q_scale
-            k = apply_rope(rms_norm(k, L.k_norm, hp.eps), rot, rope)
-            a = L.wo(attend(mctx.layer_view(il), q, k, v, 1.0))  # queries are pre-scaled, as in llama.cpp
+            if L.q_norm is not None and L.k_norm is not None:
+                q, k = rms_norm(q, L.q_norm, hp.eps), rms_norm(k, L.k_norm, hp.eps)
+            q = apply_rope(q, rot, rope) * self.q_scale
+            k = apply_rope(k, rot, rope)
+            # queries are pre-scaled, as in llama.cpp
+            a = L.wo(attend(mctx.layer_view(il), q, k, v, 1.0, softcap=self.attn_softcap))
             if il == hp.n_layer - 1 and not ub.output.all():
                 out = torch.from_numpy(ub.output).to(x.device)  # only output rows need the rest
                 a, x = a[out], x[out]
@@ -168,10 +183,13 @@ class Gemma3Model:
             if qkv is None or len(qkv) not in (1, 3) or wo is None or gu is None or down is None:
                 return None
             wk, wv = (qkv[1], qkv[2]) if len(qkv) == 3 else (None, None)
-            post = {"attn_post_norm": L.attn_post_norm, "ffn_post_norm": L.ffn_post_norm}
-            heads = {"q_norm": L.q_norm, "k_norm": L.k_norm}
-            parts.append(LayerWeights(qkv[0], wo, gu, down, L.attn_norm, L.ffn_norm, wk, wv, **heads, **post))
-        view = [self._view_kinds.index(self.is_swa(il)) for il in range(hp.n_layer)]
+            layer = LayerWeights(qkv[0], wo, gu, down, L.attn_norm, L.ffn_norm, wk, wv, L.q_norm, L.k_norm)
+            layer.attn_post_norm, layer.ffn_post_norm = L.attn_post_norm, L.ffn_post_norm
+            layer.softcap = self.attn_softcap
+            parts.append(layer)
         return decoder_weights(
-            parts, hp, n_rot=hp.n_rot, neox=True, scale=self.q_scale, view=view, gelu=gelu_table()
+            parts, hp, n_rot=hp.n_rot, neox=True, scale=self.q_scale, view=self.kv.views(), gelu=gelu_table()
         )
+
+
+ARCHITECTURES = {"gemma3": Gemma3Model}

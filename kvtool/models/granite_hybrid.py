@@ -15,21 +15,17 @@ import torch.nn.functional as F
 
 from kvtool.batch import UBatch
 from kvtool.errors import ModelLoadError
-from kvtool.gguf_file import GGUFFile
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.hybrid import HybridSpec
 from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.recurrent import RecurrentSpec
 from kvtool.memory.spec import KVSpec
-from kvtool.models.hparams import GraniteScales, HParams, SSMHParams, read_int
+from kvtool.models.hparams import GraniteScales, SSMHParams, read_int
 from kvtool.models.layers import attend, rms_norm, swiglu
-from kvtool.models.linear import Linear, LinearGroup, load_linear
+from kvtool.models.linear import Linear, LinearGroup
 from kvtool.models.mamba2 import Mamba2Layer, Mamba2Mixer
 from kvtool.models.rope import RopeParams, Rotation, apply_rope
-
-
-def _opt(f: GGUFFile, name: str) -> torch.Tensor | None:
-    return f.tensor(name) if f.has_tensor(name) else None
+from kvtool.models.tensors import ModelTensors
 
 
 @dataclass
@@ -44,19 +40,17 @@ class GraniteAttention:
     bo: torch.Tensor | None
 
     @classmethod
-    def load(cls, f: GGUFFile, il: int) -> GraniteAttention:
-        def t(name: str, kind: str = "weight") -> torch.Tensor | None:
-            return _opt(f, f"blk.{il}.{name}.{kind}")
-
+    def load(cls, t: ModelTensors, il: int, rope: bool) -> GraniteAttention:
+        p, d = f"blk.{il}.", t.attention(il, rope)
         return cls(
-            wq=f.tensor(f"blk.{il}.attn_q.weight"),
-            wk=f.tensor(f"blk.{il}.attn_k.weight"),
-            wv=f.tensor(f"blk.{il}.attn_v.weight"),
-            wo=f.tensor(f"blk.{il}.attn_output.weight"),
-            bq=t("attn_q", "bias"),
-            bk=t("attn_k", "bias"),
-            bv=t("attn_v", "bias"),
-            bo=t("attn_output", "bias"),
+            wq=t.tensor(p + "attn_q.weight", (d.q, d.embd)),
+            wk=t.tensor(p + "attn_k.weight", (d.k, d.embd)),
+            wv=t.tensor(p + "attn_v.weight", (d.v, d.embd)),
+            wo=t.tensor(p + "attn_output.weight", (d.embd, d.out)),
+            bq=t.optional(p + "attn_q.bias", (d.q,)),
+            bk=t.optional(p + "attn_k.bias", (d.k,)),
+            bv=t.optional(p + "attn_v.bias", (d.v,)),
+            bo=t.optional(p + "attn_output.bias", (d.embd,)),
         )
 
 
@@ -72,32 +66,41 @@ class GraniteHybridLayer:
 class GraniteHybridModel:
     """Weights and forward pass of granitehybrid (dense feed-forward layers)."""
 
-    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
+    def __init__(self, t: ModelTensors) -> None:
         # The feed-forward linears follow the weights mode; the mixers stay float32.
+        f, hp = t.f, t.hp
         self.hp = hp
         self.scales = GraniteScales.from_gguf(f)
         self.ssm = s = SSMHParams.from_gguf(f)
         s.check_mamba2(f)
-        if any(f.has_tensor(f"blk.{il}.ffn_gate_inp.weight") for il in range(hp.n_layer)):
+        if read_int(f, f"{f.arch}.expert_count", 0, lo=0) or any(
+            t.has(f"blk.{il}.ffn_gate_inp.weight") for il in range(hp.n_layer)
+        ):
             raise ModelLoadError(f"{f.path.name}: granitehybrid mixture-of-experts layers are not supported")
         self.mamba = Mamba2Mixer(s, hp.eps)
-        self.tok_embd = f.tensor("token_embd.weight")  # [n_vocab, n_embd]
-        self.output_norm = f.tensor("output_norm.weight")
-        out = _opt(f, "output.weight")
+        E, V = t.n_embd, t.n_vocab
+        self.tok_embd = t.tensor("token_embd.weight", (V, E))  # [n_vocab, n_embd]
+        self.output_norm = t.tensor("output_norm.weight", (E,))
+        out = t.optional("output.weight", (V, E))
         self.output: torch.Tensor = self.tok_embd if out is None else out
-        self.layers = [
-            GraniteHybridLayer(
-                attn_norm=f.tensor(f"blk.{il}.attn_norm.weight"),
-                mixer=Mamba2Layer.load(f, il) if self.is_recurrent(il) else GraniteAttention.load(f, il),
-                ffn_norm=f.tensor(f"blk.{il}.ffn_norm.weight"),
-                ffn_gate_up=LinearGroup(
-                    f, [f"blk.{il}.ffn_gate.weight", f"blk.{il}.ffn_up.weight"], weights, [None, None]
-                ),
-                ffn_down=load_linear(f, f"blk.{il}.ffn_down.weight", weights),
-            )
-            for il in range(hp.n_layer)
-        ]
         use_rope = bool(read_int(f, f"{f.arch}.rope.scaling.finetuned", True))
+
+        def layer(il: int) -> GraniteHybridLayer:
+            p, F = f"blk.{il}.", t.n_ff(il)
+            mixer = (
+                Mamba2Layer.load(t, il, s)
+                if self.is_recurrent(il)
+                else GraniteAttention.load(t, il, use_rope)
+            )
+            return GraniteHybridLayer(
+                attn_norm=t.tensor(p + "attn_norm.weight", (E,)),
+                mixer=mixer,
+                ffn_norm=t.tensor(p + "ffn_norm.weight", (E,)),
+                ffn_gate_up=t.group([(p + "ffn_gate.weight", (F, E)), (p + "ffn_up.weight", (F, E))]),
+                ffn_down=t.linear(p + "ffn_down.weight", (E, F)),
+            )
+
+        self.layers = [layer(il) for il in range(hp.n_layer)]
         self.rope = (
             RopeParams(n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_freq_scale, neox=False)
             if use_rope
@@ -162,3 +165,6 @@ class GraniteHybridModel:
             x = x + (f * sc.residual if sc.residual else f)
         logits = F.linear(rms_norm(x, self.output_norm, hp.eps), self.output)
         return logits / sc.logit if sc.logit else logits
+
+
+ARCHITECTURES = {"granitehybrid": GraniteHybridModel}

@@ -89,6 +89,7 @@ class HParams:
     rope_base: float
     n_rot: int
     rope_freq_scale: float
+    rope_attn_factor: float = 1.0  # cos and sin scaled by it (llama.cpp's rope_attn_factor)
 
     @classmethod
     def from_gguf(cls, f: GGUFFile, n_vocab: int) -> HParams:
@@ -130,6 +131,7 @@ class HParams:
             rope_base=read_float(f, a + "rope.freq_base", 10000.0, positive=True),
             n_rot=read_int(f, a + "rope.dimension_count", hd_k, lo=0),
             rope_freq_scale=freq_scale,
+            rope_attn_factor=read_float(f, a + "rope.scaling.attn_factor", 1.0, positive=True),
         )
 
 
@@ -158,11 +160,17 @@ class SWAHParams:
 
     @classmethod
     def from_gguf(
-        cls, f: GGUFFile, n_layer: int, default_pattern: int, default_rope_base: float = 10000.0
+        cls,
+        f: GGUFFile,
+        n_layer: int,
+        default_pattern: int,
+        default_rope_base: float = 10000.0,
+        default_n_swa: int = 0,
     ) -> SWAHParams | None:
-        """None when the file has no (or a zero) `attention.sliding_window`: no layer slides."""
+        """None when the window, `attention.sliding_window` (or `default_n_swa` without it), is
+        0: no layer slides."""
         a = f.arch + "."
-        n_swa = read_int(f, a + "attention.sliding_window", 0, lo=0)
+        n_swa = read_int(f, a + "attention.sliding_window", default_n_swa, lo=0)
         if n_swa == 0:
             return None
         key = a + "attention.sliding_window_pattern"

@@ -8,8 +8,9 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from kvtool.kernels import rope_store_cpu
+from kvtool.kernels import rms_norm_cpu, rope_store_cpu
 from kvtool.kernels.attention import attention, attention_cells
+from kvtool.kernels.attention_softcap import attention_softcap
 from kvtool.kernels.store_kv import store_kv
 from kvtool.memory.kv_cache_context import KVView
 from kvtool.models.linear import Linear, LinearGroup, glu_native
@@ -24,6 +25,15 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tenso
     if w is None or w.shape == x.shape[-1:]:
         return torch.rms_norm(x, x.shape[-1:], w, eps)
     return torch.rms_norm(x, x.shape[-1:], None, eps) * w
+
+
+def rms_norm_ggml(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """`rms_norm` with ggml's arithmetic (the sum of squares in double) on the CPU, where the
+    compiled kernels run: the bits of the compiled decoder call's norms (kernels/rms_norm_cpu.py),
+    so that a forward that norms op by op and the call agree. torch's elsewhere."""
+    if rms_norm_cpu.applies(x, w):
+        return rms_norm_cpu.rms_norm_cpu(x, w, eps)
+    return rms_norm(x, w, eps)
 
 
 def swiglu(x: torch.Tensor, gate_up: LinearGroup, down: Linear) -> torch.Tensor:
@@ -80,15 +90,25 @@ def geglu(x: torch.Tensor, gate_up: LinearGroup, down: Linear) -> torch.Tensor:
     return down(gelu_ggml(gate) * up)
 
 
-def attend(view: KVView, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def attend(
+    view: KVView, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float = 0.0
+) -> torch.Tensor:
     """Stores the ubatch's K/V rows in the layer's cache, then attends per stream.
 
     q [n, n_head, d_k], k [n, n_head_kv, d_k], v [n, n_head_kv, d_v] -> [n, n_head * d_v]; k and v
     may also come as rows [n, n_head_kv * d] (what the cache stores: no reshape back and forth).
-    The cache is read in its own type (f16/bf16/f32): the kernel upcasts inside."""
+    The cache is read in its own type (f16/bf16/f32): the kernel upcasts inside. `softcap`: the
+    scores are soft-capped (kernels/attention_softcap.py)."""
     n = q.shape[0]
     store_kv(view.k_rows, k if k.dim() == 2 else k.reshape(n, -1), view.rows)
     store_kv(view.v_rows, v if v.dim() == 2 else v.reshape(n, -1), view.rows)
+    if softcap:
+        n_s = view.streams.stop - view.streams.start
+        qs = q.reshape(n_s, n // n_s, q.shape[1], q.shape[2])
+        ks, vs = view.attended()
+        seen = view.cells if view.cells is not None else view.mask
+        assert seen is not None
+        return attention_softcap(qs, ks, vs, seen, scale, softcap).reshape(n, -1)
     return _attend_stored(view, q, scale)
 
 

@@ -19,18 +19,18 @@ import torch.nn.functional as F
 
 from kvtool.batch import UBatch
 from kvtool.errors import ModelLoadError
-from kvtool.gguf_file import GGUFFile
 from kvtool.kernels.short_conv import short_conv
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.hybrid import HybridSpec
 from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
 from kvtool.memory.spec import KVSpec
-from kvtool.models.hparams import HParams, read_int
+from kvtool.models.hparams import read_int
 from kvtool.models.layers import attend, rms_norm, swiglu
-from kvtool.models.linear import Linear, LinearGroup, load_linear
+from kvtool.models.linear import Linear, LinearGroup
 from kvtool.models.mamba_layers import seq_blocks, store
 from kvtool.models.rope import RopeParams, Rotation, apply_rope
+from kvtool.models.tensors import Dim, ModelTensors
 
 
 @dataclass
@@ -59,36 +59,46 @@ class Lfm2Layer:
     ffn_down: Linear  # [n_embd, n_ff]
 
     @classmethod
-    def load(cls, f: GGUFFile, il: int, conv: bool, weights: str) -> Lfm2Layer:
-        def t(name: str) -> torch.Tensor:
-            return f.tensor(f"blk.{il}.{name}.weight")
+    def load(cls, t: ModelTensors, il: int, conv: bool, l_cache: Dim) -> Lfm2Layer:
+        p, E, F = f"blk.{il}.", t.n_embd, t.n_ff(il)
 
-        mixer: ShortConv | Lfm2Attention = (
-            ShortConv(t("shortconv.in_proj"), t("shortconv.conv"), t("shortconv.out_proj"))
-            if conv
-            else Lfm2Attention(
-                t("attn_q"), t("attn_k"), t("attn_v"), t("attn_output"), t("attn_q_norm"), t("attn_k_norm")
+        def w(name: str, shape: tuple[Dim, ...]) -> torch.Tensor:
+            return t.tensor(p + name + ".weight", shape)
+
+        mixer: ShortConv | Lfm2Attention
+        if conv:
+            mixer = ShortConv(
+                w("shortconv.in_proj", (3 * E, E)),
+                w("shortconv.conv", (E, l_cache)),
+                w("shortconv.out_proj", (E, E)),
             )
-        )
-        names = [f"blk.{il}.ffn_gate.weight", f"blk.{il}.ffn_up.weight"]
-        gate_up = LinearGroup(f, names, weights, [None, None])
-        down = load_linear(f, f"blk.{il}.ffn_down.weight", weights)
-        return cls(t("attn_norm"), mixer, t("ffn_norm"), gate_up, down)
+        else:
+            d = t.attention(il)
+            q, k, v = w("attn_q", (d.q, E)), w("attn_k", (d.k, E)), w("attn_v", (d.v, E))
+            norms = w("attn_q_norm", (d.head_k,)), w("attn_k_norm", (d.head_k,))
+            mixer = Lfm2Attention(q, k, v, w("attn_output", (E, d.out)), *norms)
+        gate_up = t.group([(p + "ffn_gate.weight", (F, E)), (p + "ffn_up.weight", (F, E))])
+        down = t.linear(p + "ffn_down.weight", (E, F))
+        return cls(w("attn_norm", (E,)), mixer, w("ffn_norm", (E,)), gate_up, down)
 
 
 class Lfm2Model:
     """Weights and forward pass of lfm2 (dense feed-forward layers)."""
 
-    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
+    def __init__(self, t: ModelTensors) -> None:
         # The feed-forward linears follow the weights mode; the mixers stay float32.
+        f, hp = t.f, t.hp
         self.hp = hp
         self.l_cache = read_int(f, f"{f.arch}.shortconv.l_cache", lo=2)
         if read_int(f, f"{f.arch}.attention.sliding_window", 0) > 0:
             raise ModelLoadError(f"{f.path.name}: lfm2 with sliding-window attention is not supported")
-        self.tok_embd = f.tensor("token_embd.weight")  # [n_vocab, n_embd]
-        self.output_norm = f.tensor("token_embd_norm.weight")  # the final norm, despite its name
-        self.output = f.tensor("output.weight") if f.has_tensor("output.weight") else self.tok_embd
-        self.layers = [Lfm2Layer.load(f, il, self.is_recurrent(il), weights) for il in range(hp.n_layer)]
+        E, V = t.n_embd, t.n_vocab
+        self.tok_embd = t.tensor("token_embd.weight", (V, E))  # [n_vocab, n_embd]
+        self.output_norm = t.tensor("token_embd_norm.weight", (E,))  # the final norm, despite its name
+        out = t.optional("output.weight", (V, E))
+        self.output = out if out is not None else self.tok_embd
+        l_cache = t.dim("shortconv.l_cache", self.l_cache)
+        self.layers = [Lfm2Layer.load(t, il, self.is_recurrent(il), l_cache) for il in range(hp.n_layer)]
         self.rope = RopeParams(n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_freq_scale, neox=True)
         self.kq_scale = 1.0 / math.sqrt(hp.head_dim_k)
 
@@ -150,3 +160,6 @@ class Lfm2Model:
             x = x + cur
             x = x + swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
         return F.linear(rms_norm(x, self.output_norm, hp.eps), self.output)
+
+
+ARCHITECTURES = {"lfm2": Lfm2Model}

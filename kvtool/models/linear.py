@@ -190,10 +190,17 @@ class LinearGroup:
     float32 mode keeps one F.linear per weight, exactly as before."""
 
     def __init__(
-        self, f: GGUFFile, names: Sequence[str], weights: str, biases: Sequence[torch.Tensor | None]
+        self,
+        f: GGUFFile,
+        names: Sequence[str],
+        weights: str,
+        biases: Sequence[torch.Tensor | None],
+        split: Sequence[int] | None = None,
     ) -> None:
+        """`split`: the output sizes when one weight holds several outputs (phi3's fused Q/K/V)."""
         infos = [f.tensor_info(n) for n in names]
-        self.sizes = [i.shape[0] for i in infos]
+        rows = [i.shape[0] for i in infos]
+        self.sizes = list(split) if split is not None else rows
         kernel = _quant_kernel(infos) if weights == "auto" else None
         if kernel == "int4" and all(_quant_kernel([i]) == "native" for i in infos):
             # weights of several types (Gemma 3's Q5_0 Q and K with a Q8_0 V): one compiled call
@@ -207,7 +214,7 @@ class LinearGroup:
             bias = None
             if any(b is not None for b in biases):
                 bias = torch.cat(
-                    [b if b is not None else torch.zeros(n) for b, n in zip(biases, self.sizes, strict=True)]
+                    [b if b is not None else torch.zeros(n) for b, n in zip(biases, rows, strict=True)]
                 )
             self.fused = QuantLinear(f, names, bias)
         else:
@@ -217,7 +224,8 @@ class LinearGroup:
         """[n, n_in] -> one [n, n_out_i] per weight, in the order of `names`."""
         if self.fused is not None:
             return list(self.fused(x).split(self.sizes, dim=-1))
-        return [p(x) for p in self.parts]
+        out = [p(x) for p in self.parts]
+        return out if len(out) == len(self.sizes) else list(torch.cat(out, -1).split(self.sizes, dim=-1))
 
     def normed(self, x: torch.Tensor, w: torch.Tensor, eps: float, norm: NormFn) -> list[torch.Tensor]:
         """self(norm(x, w, eps)), the RMS norm inside the compiled call where that applies."""

@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from kvtool.batch import UBatch
-from kvtool.gguf_file import GGUFFile
 from kvtool.kernels.ssm_scan import ssm_scan
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
-from kvtool.models.hparams import HParams, SSMHParams
+from kvtool.models.hparams import SSMHParams
 from kvtool.models.layers import rms_norm
 from kvtool.models.mamba_layers import RecurrentLM, seq_blocks, ssm_conv, store
+from kvtool.models.tensors import ModelTensors
 
 
 @dataclass
@@ -34,35 +34,35 @@ class MambaLayer:
     c_norm: torch.Tensor | None
 
 
-def _opt(f: GGUFFile, name: str) -> torch.Tensor | None:
-    return f.tensor(name) if f.has_tensor(name) else None
-
-
 class MambaModel(RecurrentLM):
     """Weights and forward pass of Mamba-1."""
 
-    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
+    def __init__(self, t: ModelTensors) -> None:
         # Every weights mode loads float32 here: "auto" packs only the attention models' linears.
-        super().__init__(f, hp.n_layer, hp.eps)
-        self.hp = hp
-        self.ssm = SSMHParams.from_gguf(f)
-        self.layers = [
-            MambaLayer(
-                ssm_in=f.tensor(f"blk.{il}.ssm_in.weight"),
-                conv_w=f.tensor(f"blk.{il}.ssm_conv1d.weight"),
-                conv_b=f.tensor(f"blk.{il}.ssm_conv1d.bias"),
-                ssm_x=f.tensor(f"blk.{il}.ssm_x.weight"),
-                dt_w=f.tensor(f"blk.{il}.ssm_dt.weight"),
-                dt_b=f.tensor(f"blk.{il}.ssm_dt.bias"),
-                A=f.tensor(f"blk.{il}.ssm_a"),
-                D=f.tensor(f"blk.{il}.ssm_d"),
-                ssm_out=f.tensor(f"blk.{il}.ssm_out.weight"),
-                dt_norm=_opt(f, f"blk.{il}.ssm_dt_norm.weight"),
-                b_norm=_opt(f, f"blk.{il}.ssm_b_norm.weight"),
-                c_norm=_opt(f, f"blk.{il}.ssm_c_norm.weight"),
+        super().__init__(t)
+        self.hp = hp = t.hp
+        self.ssm = s = SSMHParams.from_gguf(t.f)
+        E, di, dc = t.n_embd, t.dim("ssm.inner_size", s.d_inner), t.dim("ssm.conv_kernel", s.d_conv)
+        ds, dt = t.dim("ssm.state_size", s.d_state), t.dim("ssm.time_step_rank", s.dt_rank)
+
+        def layer(il: int) -> MambaLayer:
+            p = f"blk.{il}."
+            return MambaLayer(
+                ssm_in=t.tensor(p + "ssm_in.weight", (2 * di, E)),
+                conv_w=t.tensor(p + "ssm_conv1d.weight", (di, dc)),
+                conv_b=t.tensor(p + "ssm_conv1d.bias", (di,)),
+                ssm_x=t.tensor(p + "ssm_x.weight", (dt + 2 * ds, di)),
+                dt_w=t.tensor(p + "ssm_dt.weight", (di, dt)),
+                dt_b=t.tensor(p + "ssm_dt.bias", (di,)),
+                A=t.tensor(p + "ssm_a", (di, ds)),
+                D=t.tensor(p + "ssm_d", (di,)),
+                ssm_out=t.tensor(p + "ssm_out.weight", (E, di)),
+                dt_norm=t.optional(p + "ssm_dt_norm.weight", (dt,)),
+                b_norm=t.optional(p + "ssm_b_norm.weight", (ds,)),
+                c_norm=t.optional(p + "ssm_c_norm.weight", (ds,)),
             )
-            for il in range(hp.n_layer)
-        ]
+
+        self.layers = [layer(il) for il in range(hp.n_layer)]
 
     def memory_spec(self) -> RecurrentSpec:
         s = self.ssm
@@ -84,3 +84,6 @@ class MambaModel(RecurrentLM):
         store(view, conv_states, ssm_states)
         y = (y + x * L.D) * F.silu(z)
         return F.linear(y, L.ssm_out).reshape(ub.n_tokens, -1)
+
+
+ARCHITECTURES = {"mamba": MambaModel}

@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from kvtool.batch import UBatch
-from kvtool.gguf_file import GGUFFile
 from kvtool.kernels.ssd import ssd
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
-from kvtool.models.hparams import HParams, SSMHParams
+from kvtool.models.hparams import SSMHParams
 from kvtool.models.layers import rms_norm
 from kvtool.models.mamba_layers import RecurrentLM, seq_blocks, ssm_conv, store
+from kvtool.models.tensors import ModelTensors
 
 
 @dataclass
@@ -30,16 +30,24 @@ class Mamba2Layer:
     ssm_out: torch.Tensor  # [n_embd, d_inner]
 
     @classmethod
-    def load(cls, f: GGUFFile, il: int) -> Mamba2Layer:
+    def load(cls, t: ModelTensors, il: int, s: SSMHParams) -> Mamba2Layer:
+        p, E = f"blk.{il}.", t.n_embd
+        di, dc = t.dim("ssm.inner_size", s.d_inner), t.dim("ssm.conv_kernel", s.d_conv)
+        g, ds, h = (
+            t.dim("ssm.group_count", s.n_group),
+            t.dim("ssm.state_size", s.d_state),
+            t.dim("ssm.time_step_rank", s.dt_rank),
+        )
+        gds = g * ds
         return cls(
-            ssm_in=f.tensor(f"blk.{il}.ssm_in.weight"),
-            conv_w=f.tensor(f"blk.{il}.ssm_conv1d.weight"),
-            conv_b=f.tensor(f"blk.{il}.ssm_conv1d.bias"),
-            dt_b=f.tensor(f"blk.{il}.ssm_dt.bias"),
-            A=f.tensor(f"blk.{il}.ssm_a").reshape(-1),
-            D=f.tensor(f"blk.{il}.ssm_d").reshape(-1),
-            norm=f.tensor(f"blk.{il}.ssm_norm.weight") if f.has_tensor(f"blk.{il}.ssm_norm.weight") else None,
-            ssm_out=f.tensor(f"blk.{il}.ssm_out.weight"),
+            ssm_in=t.tensor(p + "ssm_in.weight", (2 * di + 2 * gds + h, E)),
+            conv_w=t.tensor(p + "ssm_conv1d.weight", (di + 2 * gds, dc)),
+            conv_b=t.tensor(p + "ssm_conv1d.bias", (di + 2 * gds,)),
+            dt_b=t.tensor(p + "ssm_dt.bias", numel=h),
+            A=t.tensor(p + "ssm_a", numel=h).reshape(-1),
+            D=t.tensor(p + "ssm_d", numel=h).reshape(-1),
+            norm=t.optional(p + "ssm_norm.weight", (g, di // s.n_group)),
+            ssm_out=t.tensor(p + "ssm_out.weight", (E, di)),
         )
 
 
@@ -89,17 +97,20 @@ class Mamba2Mixer:
 class Mamba2Model(RecurrentLM):
     """Weights and forward pass of Mamba-2 (`ssm.time_step_rank` is the number of heads)."""
 
-    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
+    def __init__(self, t: ModelTensors) -> None:
         # Every weights mode loads float32 here: "auto" packs only the attention models' linears.
-        super().__init__(f, hp.n_layer, hp.eps)
-        self.hp = hp
-        self.ssm = s = SSMHParams.from_gguf(f)
-        s.check_mamba2(f)
+        super().__init__(t)
+        self.hp = hp = t.hp
+        self.ssm = s = SSMHParams.from_gguf(t.f)
+        s.check_mamba2(t.f)
         self.mixer = Mamba2Mixer(s, hp.eps)
-        self.layers = [Mamba2Layer.load(f, il) for il in range(hp.n_layer)]
+        self.layers = [Mamba2Layer.load(t, il, s) for il in range(hp.n_layer)]
 
     def memory_spec(self) -> RecurrentSpec:
         return RecurrentSpec({il: self.mixer.layer_spec() for il in range(self.hp.n_layer)})
 
     def block(self, il: int, h: torch.Tensor, ub: UBatch, view: RSView) -> torch.Tensor:
         return self.mixer(self.layers[il], h, ub, view)
+
+
+ARCHITECTURES = {"mamba2": Mamba2Model}

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from kvtool.batch import UBatch
-from kvtool.gguf_file import GGUFFile
 from kvtool.memory.recurrent import RSView
 from kvtool.models.layers import rms_norm
+from kvtool.models.tensors import ModelTensors
 
 
 def ssm_conv(
@@ -45,13 +45,15 @@ class RecurrentLM(abc.ABC):
     """Token embeddings, `n_layer` pre-norm residual blocks (`block(il, h, ub, view)`), a final
     RMS norm and the output head (tied to the embeddings when `output.weight` is absent)."""
 
-    def __init__(self, f: GGUFFile, n_layer: int, eps: float) -> None:
-        self.n_layer = n_layer
-        self.eps = eps
-        self.tok_embd = f.tensor("token_embd.weight")  # [n_vocab, n_embd]
-        self.output_norm = f.tensor("output_norm.weight")
-        self.output = f.tensor("output.weight") if f.has_tensor("output.weight") else self.tok_embd
-        self.attn_norm = [f.tensor(f"blk.{il}.attn_norm.weight") for il in range(n_layer)]
+    def __init__(self, t: ModelTensors) -> None:
+        self.n_layer = n_layer = t.hp.n_layer
+        self.eps = t.hp.eps
+        E, V = t.n_embd, t.n_vocab
+        self.tok_embd = t.tensor("token_embd.weight", (V, E))  # [n_vocab, n_embd]
+        self.output_norm = t.tensor("output_norm.weight", (E,))
+        out = t.optional("output.weight", (V, E))
+        self.output = out if out is not None else self.tok_embd
+        self.attn_norm = [t.tensor(f"blk.{il}.attn_norm.weight", (E,)) for il in range(n_layer)]
 
     @abc.abstractmethod
     def block(self, il: int, h: torch.Tensor, ub: UBatch, view: RSView) -> torch.Tensor:

@@ -32,13 +32,15 @@ class Rotation:
 @dataclass(frozen=True)
 class RopeParams:
     """llama.cpp's rope: `n_rot` dims rotated; NORM rotates adjacent pairs (2i, 2i+1),
-    NEOX rotates (i, i + n_rot/2). theta_i = pos * freq_scale * base^(-2i/n_rot) / factor_i."""
+    NEOX rotates (i, i + n_rot/2). theta_i = pos * freq_scale * base^(-2i/n_rot) / factor_i; the
+    rotation is (cos, sin) theta_i, each times attn_factor."""
 
     n_rot: int
     base: float
     freq_scale: float = 1.0
     neox: bool = False
     freq_factors: torch.Tensor | None = None  # [n_rot/2] (rope_freqs.weight), divides theta
+    attn_factor: float = 1.0  # cos and sin are scaled by it (ggml's mscale; phi3's LongRoPE)
     # the laid-out tables per position 0..len-1, computed once and grown by doubling: the same
     # float64 arithmetic as `_cos_sin`, so a table row is bit-identical to computing it afresh
     _table: list[tuple[torch.Tensor, ...]] = field(default_factory=list, compare=False, repr=False)
@@ -50,7 +52,10 @@ class RopeParams:
         if self.freq_factors is not None:
             inv = inv / self.freq_factors.cpu().double()
         theta = pos.cpu().double()[:, None] * self.freq_scale * inv[None, :]
-        return torch.cos(theta).float().to(pos.device), torch.sin(theta).float().to(pos.device)
+        cos, sin = torch.cos(theta).float(), torch.sin(theta).float()
+        if self.attn_factor != 1.0:
+            cos, sin = cos * self.attn_factor, sin * self.attn_factor
+        return cos.to(pos.device), sin.to(pos.device)
 
     def _layout(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         # [n, half] -> the tables of Rotation for this mode, [n, ...] (no head axis yet)

@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from kvtool.batch import UBatch
-from kvtool.gguf_file import GGUFFile
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec
-from kvtool.models.hparams import HParams, RWKVHParams
+from kvtool.models.hparams import RWKVHParams
+from kvtool.models.tensors import ModelTensors
 
 GROUP_NORM_EPS = 64e-5  # llama.cpp's eps for the per-head norm of the WKV output
 
@@ -55,19 +55,21 @@ class RWKVCommon:
     attn_norm_2: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, before the channel mix
 
     @classmethod
-    def from_gguf(cls, f: GGUFFile, n_layer: int) -> RWKVCommon:
+    def load(cls, t: ModelTensors) -> RWKVCommon:
+        E = t.n_embd
+
         def norm(name: str) -> tuple[torch.Tensor, torch.Tensor]:
-            return f.tensor(f"{name}.weight"), f.tensor(f"{name}.bias")
+            return t.tensor(f"{name}.weight", (E,)), t.tensor(f"{name}.bias", (E,))
 
         return cls(
-            tok_embd=f.tensor("token_embd.weight"),
-            tok_norm=f.tensor("token_embd_norm.weight"),
-            tok_norm_b=f.tensor("token_embd_norm.bias"),
-            output_norm=f.tensor("output_norm.weight"),
-            output_norm_b=f.tensor("output_norm.bias"),
-            output=f.tensor("output.weight"),
-            attn_norm=[norm(f"blk.{il}.attn_norm") for il in range(n_layer)],
-            attn_norm_2=[norm(f"blk.{il}.attn_norm_2") for il in range(n_layer)],
+            tok_embd=t.tensor("token_embd.weight", (t.n_vocab, E)),
+            tok_norm=t.tensor("token_embd_norm.weight", (E,)),
+            tok_norm_b=t.tensor("token_embd_norm.bias", (E,)),
+            output_norm=t.tensor("output_norm.weight", (E,)),
+            output_norm_b=t.tensor("output_norm.bias", (E,)),
+            output=t.tensor("output.weight", (t.n_vocab, E)),
+            attn_norm=[norm(f"blk.{il}.attn_norm") for il in range(t.hp.n_layer)],
+            attn_norm_2=[norm(f"blk.{il}.attn_norm_2") for il in range(t.hp.n_layer)],
         )
 
 
@@ -81,10 +83,10 @@ class Carry:
 class RWKVModel(abc.ABC):
     """The RWKV block stack; subclasses give the time mix and the channel mix."""
 
-    def __init__(self, f: GGUFFile, hp: HParams) -> None:
-        self.hp = hp
-        self.rwkv = RWKVHParams.from_gguf(f, hp.n_embd)
-        self.common = RWKVCommon.from_gguf(f, hp.n_layer)
+    def __init__(self, t: ModelTensors) -> None:
+        self.hp = t.hp
+        self.rwkv = RWKVHParams.from_gguf(t.f, t.hp.n_embd)
+        self.common = RWKVCommon.load(t)
         self.rescale_every_n_layers = 0  # RWKV-6 sets it from the file; RWKV-7 has none
 
     @abc.abstractmethod

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvtool.gguf_file import GGUFFile
 from kvtool.kernels.wkv6 import wkv6
-from kvtool.models.hparams import HParams
+from kvtool.models.hparams import RWKVHParams, read_int
 from kvtool.models.rwkv import Carry, RWKVModel, head_group_norm
+from kvtool.models.tensors import Dim, ModelTensors, Shape
 
 _LERPS = ("w", "k", "v", "r", "g")  # the order of the fused lerp rows (and of time_mix_w1/w2)
 
@@ -44,55 +44,57 @@ class RWKV6Layer:
     cm_receptance: torch.Tensor  # [n_embd, n_embd]
 
 
-def _opt(f: GGUFFile, name: str) -> torch.Tensor | None:
-    return f.tensor(name) if f.has_tensor(name) else None
+def _load_layer(t: ModelTensors, il: int, r: RWKVHParams) -> RWKV6Layer:
+    p, f, E, F = f"blk.{il}.", t.f, t.n_embd, t.n_ff(il)
+    extra = t.dim("time_mix_extra_dim", read_int(f, f"{f.arch}.time_mix_extra_dim", lo=1))
+    dextra = t.dim("time_decay_extra_dim", read_int(f, f"{f.arch}.time_decay_extra_dim", lo=1))
+    hs = t.dim("wkv.head_size", r.head_size)
 
+    def w(name: str, shape: Shape | None = None, numel: Dim | None = None) -> torch.Tensor:
+        return t.tensor(p + name + ".weight", shape, numel)
 
-def _load_layer(f: GGUFFile, il: int, n_embd: int) -> RWKV6Layer:
-    p = f"blk.{il}."
+    def vec(name: str) -> torch.Tensor:
+        return w(name, numel=E).reshape(E.n)
 
-    def t(name: str) -> torch.Tensor:
-        return f.tensor(p + name + ".weight")
-
-    if f.has_tensor(p + "time_mix_lerp_fused.weight"):
-        lerp = t("time_mix_lerp_fused").reshape(len(_LERPS), n_embd)
+    if t.has(p + "time_mix_lerp_fused.weight"):
+        lerp = w("time_mix_lerp_fused", numel=len(_LERPS) * E).reshape(len(_LERPS), E.n)
     else:  # older conversions store the five lerps apart
-        lerp = torch.stack([t(f"time_mix_lerp_{n}").reshape(n_embd) for n in _LERPS])
+        lerp = torch.stack([vec(f"time_mix_lerp_{n}") for n in _LERPS])
     return RWKV6Layer(
-        lerp_x=t("time_mix_lerp_x").reshape(n_embd),
+        lerp_x=vec("time_mix_lerp_x"),
         lerp=lerp,
-        mix_w1=t("time_mix_w1"),
-        mix_w2=t("time_mix_w2"),
-        first=t("time_mix_first"),
-        decay=t("time_mix_decay").reshape(n_embd),
-        decay_w1=t("time_mix_decay_w1"),
-        decay_w2=t("time_mix_decay_w2"),
-        wk=t("time_mix_key"),
-        wv=t("time_mix_value"),
-        wr=t("time_mix_receptance"),
-        wg=t("time_mix_gate"),
-        bk=_opt(f, p + "time_mix_key.bias"),
-        bv=_opt(f, p + "time_mix_value.bias"),
-        br=_opt(f, p + "time_mix_receptance.bias"),
-        ln=t("time_mix_ln"),
-        ln_b=f.tensor(p + "time_mix_ln.bias"),
-        wo=t("time_mix_output"),
-        cm_lerp_k=t("channel_mix_lerp_k").reshape(n_embd),
-        cm_lerp_r=t("channel_mix_lerp_r").reshape(n_embd),
-        cm_key=t("channel_mix_key"),
-        cm_value=t("channel_mix_value"),
-        cm_receptance=t("channel_mix_receptance"),
+        mix_w1=w("time_mix_w1", (len(_LERPS) * extra, E)),
+        mix_w2=w("time_mix_w2", (len(_LERPS), E, extra)),
+        first=w("time_mix_first", (Dim(r.n_head, E.keys + hs.keys), hs)),
+        decay=vec("time_mix_decay"),
+        decay_w1=w("time_mix_decay_w1", (dextra, E)),
+        decay_w2=w("time_mix_decay_w2", (E, dextra)),
+        wk=w("time_mix_key", (E, E)),
+        wv=w("time_mix_value", (E, E)),
+        wr=w("time_mix_receptance", (E, E)),
+        wg=w("time_mix_gate", (E, E)),
+        bk=t.optional(p + "time_mix_key.bias", (E,)),
+        bv=t.optional(p + "time_mix_value.bias", (E,)),
+        br=t.optional(p + "time_mix_receptance.bias", (E,)),
+        ln=w("time_mix_ln", (E,)),
+        ln_b=t.tensor(p + "time_mix_ln.bias", (E,)),
+        wo=w("time_mix_output", (E, E)),
+        cm_lerp_k=vec("channel_mix_lerp_k"),
+        cm_lerp_r=vec("channel_mix_lerp_r"),
+        cm_key=w("channel_mix_key", (F, E)),
+        cm_value=w("channel_mix_value", (E, F)),
+        cm_receptance=w("channel_mix_receptance", (E, E)),
     )
 
 
 class RWKV6Model(RWKVModel):
     """Weights and forward pass of the rwkv6 architecture."""
 
-    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
+    def __init__(self, t: ModelTensors) -> None:
         # Every weights mode loads float32 here: "auto" packs only the attention models' linears.
-        super().__init__(f, hp)
+        super().__init__(t)
         self.rescale_every_n_layers = self.rwkv.rescale_every_n_layers
-        self.layers = [_load_layer(f, il, hp.n_embd) for il in range(hp.n_layer)]
+        self.layers = [_load_layer(t, il, self.rwkv) for il in range(t.hp.n_layer)]
 
     def time_mix(
         self, il: int, x: torch.Tensor, x_prev: torch.Tensor, state: torch.Tensor, carry: Carry, n_states: int
@@ -120,3 +122,6 @@ class RWKV6Model(RWKVModel):
         r = torch.sigmoid(F.linear(x + sx * L.cm_lerp_r, L.cm_receptance))
         k = torch.relu(F.linear(x + sx * L.cm_lerp_k, L.cm_key)).square()
         return r * F.linear(k, L.cm_value)
+
+
+ARCHITECTURES = {"rwkv6": RWKV6Model}

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvtool.gguf_file import GGUFFile
 from kvtool.kernels.wkv7 import wkv7
-from kvtool.models.hparams import HParams
+from kvtool.models.hparams import read_int
 from kvtool.models.rwkv import Carry, RWKVModel, head_group_norm
+from kvtool.models.tensors import Dim, ModelTensors, Shape
 
 _N_LERPS = 6  # r, w, k, v, a, g: the rows of the fused lerp
 _DECAY_SCALE = -0.606531  # w = exp(-0.606531 * sigmoid(x)) = exp(-e^-0.5 * sigmoid(x))
@@ -59,47 +59,63 @@ class RWKV7Layer:
     cm_value: torch.Tensor  # [n_embd, n_ff]
 
 
-def _load_layer(f: GGUFFile, il: int, n_embd: int, n_head: int) -> RWKV7Layer:
-    p = f"blk.{il}."
+_LORAS = (  # x of time_mix_{x}1 / {x}2 and the key of its rank
+    ("w", "attention.decay_lora_rank"),
+    ("a", "attention.iclr_lora_rank"),
+    ("v", "attention.value_residual_mix_lora_rank"),
+    ("g", "attention.gate_lora_rank"),
+)
 
-    def t(name: str) -> torch.Tensor:
-        return f.tensor(p + name + ".weight")
+
+def _load_layer(t: ModelTensors, il: int, n_head: int) -> RWKV7Layer:
+    p, f, E, F = f"blk.{il}.", t.f, t.n_embd, t.n_ff(il)
+    ranks = {x: t.dim(key, read_int(f, f"{f.arch}.{key}", lo=1)) for x, key in _LORAS}
+    ranks["v"] = (
+        ranks["a"] if il == 0 else ranks["v"]
+    )  # layer 0 has no value residual: llama.cpp sizes it as iclr
+
+    def w(name: str, shape: Shape | None = None, numel: Dim | None = None) -> torch.Tensor:
+        return t.tensor(p + name + ".weight", shape, numel)
 
     def vec(name: str) -> torch.Tensor:
-        return t(name).reshape(n_embd)
+        return w(name, numel=E).reshape(E.n)
 
     def lora(x: str, bias: bool = True) -> LoRA:
-        return LoRA(t(f"time_mix_{x}1"), t(f"time_mix_{x}2"), vec(f"time_mix_{x}0") if bias else None)
+        r = ranks[x]
+        return LoRA(
+            w(f"time_mix_{x}1", (r, E)), w(f"time_mix_{x}2", (E, r)), vec(f"time_mix_{x}0") if bias else None
+        )
 
-    has_ln = f.has_tensor(p + "time_mix_ln.weight") and f.has_tensor(p + "time_mix_ln.bias")
+    ln, ln_b = t.optional(p + "time_mix_ln.weight", (E,)), t.optional(p + "time_mix_ln.bias", (E,))
+    has_ln = ln is not None and ln_b is not None  # llama.cpp uses the group norm's weights only in pairs
     return RWKV7Layer(
-        lerp=t("time_mix_lerp_fused").reshape(_N_LERPS, n_embd),
+        lerp=w("time_mix_lerp_fused", numel=_N_LERPS * E).reshape(_N_LERPS, E.n),
         decay=lora("w"),
         iclr=lora("a"),
         value_mix=lora("v"),
         gate=lora("g", bias=False),
         k_k=vec("time_mix_k_k"),
         k_a=vec("time_mix_k_a"),
-        r_k=t("time_mix_r_k").reshape(n_head, -1),
-        wr=t("time_mix_receptance"),
-        wk=t("time_mix_key"),
-        wv=t("time_mix_value"),
-        wo=t("time_mix_output"),
-        ln=t("time_mix_ln") if has_ln else None,
-        ln_b=f.tensor(p + "time_mix_ln.bias") if has_ln else None,
+        r_k=w("time_mix_r_k", numel=E).reshape(n_head, -1),
+        wr=w("time_mix_receptance", (E, E)),
+        wk=w("time_mix_key", (E, E)),
+        wv=w("time_mix_value", (E, E)),
+        wo=w("time_mix_output", (E, E)),
+        ln=ln if has_ln else None,
+        ln_b=ln_b if has_ln else None,
         cm_lerp_k=vec("channel_mix_lerp_k"),
-        cm_key=t("channel_mix_key"),
-        cm_value=t("channel_mix_value"),
+        cm_key=w("channel_mix_key", (F, E)),
+        cm_value=w("channel_mix_value", (E, F)),
     )
 
 
 class RWKV7Model(RWKVModel):
     """Weights and forward pass of the rwkv7 architecture."""
 
-    def __init__(self, f: GGUFFile, hp: HParams, weights: str = "auto") -> None:
+    def __init__(self, t: ModelTensors) -> None:
         # Every weights mode loads float32 here: "auto" packs only the attention models' linears.
-        super().__init__(f, hp)
-        self.layers = [_load_layer(f, il, hp.n_embd, self.rwkv.n_head) for il in range(hp.n_layer)]
+        super().__init__(t)
+        self.layers = [_load_layer(t, il, self.rwkv.n_head) for il in range(t.hp.n_layer)]
 
     def time_mix(
         self, il: int, x: torch.Tensor, x_prev: torch.Tensor, state: torch.Tensor, carry: Carry, n_states: int
@@ -136,3 +152,6 @@ class RWKV7Model(RWKVModel):
         L = self.layers[il]
         k = torch.relu(F.linear(x + (x_prev - x) * L.cm_lerp_k, L.cm_key)).square()
         return F.linear(k, L.cm_value)
+
+
+ARCHITECTURES = {"rwkv7": RWKV7Model}

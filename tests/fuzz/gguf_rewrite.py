@@ -6,15 +6,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 DROP = object()  # as an override value: remove the key
 
 
-def rewrite(src: Path, dst: Path, overrides: dict[str, Any], drop_tensors: tuple[str, ...] = ()) -> Path:
+def rewrite(
+    src: Path,
+    dst: Path,
+    overrides: dict[str, Any],
+    drop_tensors: tuple[str, ...] = (),
+    tensors: dict[str, np.ndarray] | None = None,
+) -> Path:
     """Copy of `src` at `dst` with `overrides` {key: value} or {key: (value, GGUFValueType)}: a
     bare value keeps the key's type (a new key's type follows the Python value); `DROP` removes
-    the key. Tensors named in `drop_tensors` are left out."""
+    the key. Tensors named in `drop_tensors` are left out; `tensors` {name: float32 array}
+    replaces or adds tensors."""
     r = GGUFReader(str(src))
     arch = r.fields["general.architecture"].contents()
     w = GGUFWriter(str(dst), arch)
@@ -41,9 +49,14 @@ def rewrite(src: Path, dst: Path, overrides: dict[str, Any], drop_tensors: tuple
             vtype = GGUFValueType.get_type(value)
         sub = GGUFValueType.INT32 if vtype == GGUFValueType.ARRAY else None
         w.add_key_value(key, value, vtype, sub_type=sub)
+    more = dict(tensors or {})
     for t in r.tensors:
-        if t.name not in drop_tensors:
+        if t.name in more:
+            w.add_tensor(t.name, more.pop(t.name))
+        elif t.name not in drop_tensors:
             w.add_tensor(t.name, t.data, raw_shape=list(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
+    for name, data in more.items():
+        w.add_tensor(name, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

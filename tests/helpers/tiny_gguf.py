@@ -25,11 +25,13 @@ class TinyLlama:
     chat_template: str | None = None  # tokenizer.chat_template, if any
 
 
-def spm_vocab() -> tuple[list[str], list[float], list[int]]:
-    """<unk> <s> </s>, 256 byte tokens, then a few words (llama.cpp's SPM conventions)."""
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + WORDS
-    types = [2, 3, 3] + [6] * 256 + [1] * len(WORDS)
-    scores = [0.0, 0.0, 0.0] + [0.0] * 256 + [-float(i) for i in range(len(WORDS))]
+def spm_vocab(n_vocab: int = 0) -> tuple[list[str], list[float], list[int]]:
+    """<unk> <s> </s>, 256 byte tokens, then a few words (llama.cpp's SPM conventions), then
+    filler words up to n_vocab tokens where that is larger (a real model's vocabulary size)."""
+    words = WORDS + [f"▁w{i}" for i in range(n_vocab - 259 - len(WORDS))]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + words
+    types = [2, 3, 3] + [6] * 256 + [1] * len(words)
+    scores = [0.0, 0.0, 0.0] + [0.0] * 256 + [-float(i) for i in range(len(words))]
     return tokens, scores, types
 
 
@@ -45,9 +47,10 @@ def add_dims(w: gguf.GGUFWriter, cfg: Any, eps: float) -> None:
     w.add_layer_norm_rms_eps(eps)
 
 
-def add_spm_vocab(w: gguf.GGUFWriter) -> int:
-    """The tiny SPM vocabulary and its special ids; returns n_vocab."""
-    tokens, scores, types = spm_vocab()
+def add_spm_vocab(w: gguf.GGUFWriter, n_vocab: int = 0) -> int:
+    """The tiny SPM vocabulary (of n_vocab tokens where that is larger) and its special ids;
+    returns n_vocab."""
+    tokens, scores, types = spm_vocab(n_vocab)
     w.add_vocab_size(len(tokens))
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")

@@ -26,6 +26,10 @@ HALF_FIELDS = {
     T.Q4_K: [0, 2],
     T.Q5_K: [0, 2],
     T.Q6_K: [208],
+    T.Q2_K: [80, 82],
+    T.Q3_K: [108],
+    T.IQ4_NL: [0],
+    T.IQ4_XS: [0],
 }
 QUANT_TYPES = list(HALF_FIELDS)
 SHAPES = [(1, 256), (3, 512), (2, 3, 768), (17, 1024)]
@@ -82,7 +86,7 @@ def test_typed_raw_is_viewed_as_bytes() -> None:
     assert torch.equal(dequantize(x, int(T.F32), (4, 8)), x)
 
 
-@pytest.mark.parametrize("qtype", [T.Q2_K, T.IQ4_NL, 99], ids=str)
+@pytest.mark.parametrize("qtype", [T.IQ2_XXS, T.TQ1_0, 99], ids=str)
 def test_unsupported_type_raises(qtype: int) -> None:
     name = qtype.name if isinstance(qtype, T) else str(qtype)
     with pytest.raises(ValueError, match=name):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtool.chat_template import NAMED_TEMPLATES, ChatTemplate, select_chat_template
+from kvtool.chat_template import NAMED_TEMPLATES, ChatTemplate, detect_template, select_chat_template
 from kvtool.errors import TemplateError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -89,7 +89,39 @@ EXPECTED = {
     "<|start_header_id|>assistant<|end_header_id|>\n\n",
     "llama2": "[INST] You are a helpful assistant\nHello [/INST]Hi there</s>[INST] Who are you [/INST]"
     "   I am an assistant   </s>[INST] Another question [/INST]",
+    "phi3": "<|system|>\nYou are a helpful assistant<|end|>\n<|user|>\nHello<|end|>\n"
+    "<|assistant|>\nHi there<|end|>\n<|user|>\nWho are you<|end|>\n"
+    "<|assistant|>\n   I am an assistant   <|end|>\n<|user|>\nAnother question<|end|>\n<|assistant|>\n",
+    "phi4": "<|im_start|>system<|im_sep|>You are a helpful assistant<|im_end|>"
+    "<|im_start|>user<|im_sep|>Hello<|im_end|><|im_start|>assistant<|im_sep|>Hi there<|im_end|>"
+    "<|im_start|>user<|im_sep|>Who are you<|im_end|>"
+    "<|im_start|>assistant<|im_sep|>   I am an assistant   <|im_end|>"
+    "<|im_start|>user<|im_sep|>Another question<|im_end|><|im_start|>assistant<|im_sep|>",
+    "granite": "<|start_of_role|>system<|end_of_role|>You are a helpful assistant<|end_of_text|>\n"
+    "<|start_of_role|>user<|end_of_role|>Hello<|end_of_text|>\n"
+    "<|start_of_role|>assistant<|end_of_role|>Hi there<|end_of_text|>\n"
+    "<|start_of_role|>user<|end_of_role|>Who are you<|end_of_text|>\n"
+    "<|start_of_role|>assistant<|end_of_role|>   I am an assistant   <|end_of_text|>\n"
+    "<|start_of_role|>user<|end_of_role|>Another question<|end_of_text|>\n"
+    "<|start_of_role|>assistant<|end_of_role|>",
 }
+
+# Templates of the families (from llama.cpp's tests/test-chat-template.cpp and the models' GGUFs)
+# and the named format llama.cpp detects in each; None: kvtool renders the GGUF's own with Jinja.
+DETECTED = [
+    ("{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>'}}", "chatml"),
+    ("{{'<|im_start|>' + m['role'] + '<|im_sep|>'}}", "phi4"),
+    ("{{'<|' + m['role'] + '|>' + '\\n' + m['content'] + '<|end|>\\n' }}{{ '<|assistant|>\\n' }}", "phi3"),
+    ("{{ '<|start_of_role|>user<|end_of_role|>' + m['content'] + '<|end_of_text|>' }}", "granite"),
+    ("{{ '<|start_of_role|>' }}{# <tool_call> <tools> #}", None),  # Granite 4: tool calls
+    ("{{ bos_token }}{{ '<|user|>\\n' + m['content'] + '\\n' }}{{ '<|assistant|>\\n' }}", None),  # OLMo 2
+    ("{{ '[INST] ' + content + ' [/INST]' }}{{ '<|assistant|>' }}{{ '<|end|>' }}", None),  # Mistral first
+]
+
+
+@pytest.mark.parametrize(("source", "name"), DETECTED)
+def test_families_are_detected_in_llama_cpps_order(source: str, name: str | None) -> None:
+    assert detect_template(source) == name
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

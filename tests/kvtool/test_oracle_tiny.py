@@ -71,7 +71,7 @@ def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
 # Architectures with attention compare with llama.cpp's flash-attention-off runs (pure F32, see
 # the oracle README); pure recurrent ones with the plain runs. rm_tail on recurrent and hybrid
 # memories checks that the partial seq_rm is refused and the decode after it fails.
-ATTN = ["llama", "gemma3", "granitehybrid", "lfm2"]
+ATTN = ["llama", "gemma3", "granitehybrid", "lfm2", "qwen2", "qwen3", "phi3", "gemma2", "granite", "olmo2"]
 RECURRENT = ["mamba", "mamba2", "rwkv6", "rwkv7"]
 
 
@@ -109,3 +109,25 @@ def test_tiny_single_with_f16_kv_cache(arch: str, unified: bool) -> None:
     cos = moved @ want / (np.linalg.norm(moved) * np.linalg.norm(want))
     assert 0.3 <= ratio <= 1.5, ratio
     assert cos >= 0.28, cos
+
+
+@pytest.mark.parametrize("unified", [1, 0])
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "phi3", "gemma2", "granite", "olmo2"])
+def test_tiny_flash_attention_runs_within_llama_cpps_own_spread(
+    arch: str, scenario: str, unified: int
+) -> None:
+    """llama.cpp's flash-attention runs (the files without `_faoff`) round K, V and Q to F16 and
+    accumulate in F16 (oracle README section 7): kvtool with an F16 cache does the first, not the
+    rest. Its logits must lie within twice llama.cpp's own distance between its flash-attention
+    and plain runs (the oracle's bar for K/V types), measured on the rows before the two runs
+    part ways where they do (phi3's fork takes another token after a near-tie): at most 0.62 of
+    that bar here, 1.0e-3 relative at most."""
+    z, off = (
+        np.load(DATA / arch / f"{scenario}_kvu{unified}.npz"),
+        np.load(DATA / arch / f"{scenario}_kvu{unified}_faoff.npz"),
+    )
+    same = z["tokens"] == off["tokens"]
+    rows = z["logits_token_index"] < (len(same) if same.all() else int(np.argmin(same)))
+    spread = rel_err(off["logits"][rows], z["logits"][rows])
+    assert rel_err(replay(tiny_model(arch), z, bool(unified), "f16"), z["logits"]) <= max(1e-3, 2 * spread)

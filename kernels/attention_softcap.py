@@ -1,0 +1,56 @@
+"""Attention with soft-capped scores (Gemma 2; llama.cpp's attn_soft_cap): each score
+s = scale * q.k becomes cap * tanh(s / cap) before the mask and the softmax, as llama.cpp's graph
+computes it with flash attention off (scale, multiply by 1 / cap, tanh, multiply by cap).
+
+The contract of `attention_ref` (kernels/attention.py) plus the cap: `attention_softcap_ref` in
+torch on any device is the specification; on the CPU a few query rows per stream (decode) take
+the compiled kernel (attention_cpu.c, which has the cap), and prompts run by blocks of query rows,
+each over the keys its rows see (`KQMask.blocks`), as `attention_blocks` does. The Triton kernel
+has no cap: CUDA runs the specification.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import attention_cpu
+from .attention import Q_BLOCK, KQMask
+from .visibility import Cells, visibility_mask
+
+
+def attention_softcap_ref(
+    q: torch.Tensor,  # [n_stream, n_q, n_head, head_dim]
+    k: torch.Tensor,  # [n_stream, n_kv, n_head_kv, head_dim]
+    v: torch.Tensor,  # [n_stream, n_kv, n_head_kv, head_dim_v]
+    mask: torch.Tensor,  # [n_stream, n_q, n_kv] float, 0 or -inf
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:  # [n_stream, n_q, n_head, head_dim_v]
+    """softmax(cap * tanh(scale * q k^T / cap) + mask) v per stream, grouped-query heads; a row
+    that sees no key gives zeros."""
+    S, n_q, H, D = q.shape
+    Hkv = k.shape[2]
+    qg = q.float().reshape(S, n_q, Hkv, H // Hkv, D)
+    s = torch.einsum("sqhgd,skhd->shgqk", qg, k.float()) * scale  # [S, Hkv, g, n_q, n_kv]
+    s = torch.tanh(s * (1.0 / softcap)) * softcap + mask.float()[:, None, None]
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # a row that sees nothing: 0/0
+    out = torch.einsum("shgqk,skhd->sqhgd", p, v.float()).reshape(S, n_q, H, -1)
+    return out.to(q.dtype)
+
+
+def attention_softcap(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: KQMask | Cells, scale: float, softcap: float
+) -> torch.Tensor:
+    """`attention_softcap_ref` with the visibility a view gives (a prepared mask, or the cells
+    the mask is built from on CUDA), by blocks of query rows over the keys each block sees."""
+    if isinstance(mask, Cells):
+        return attention_softcap_ref(q, k, v, visibility_mask(mask), scale, softcap)
+    if attention_cpu.applies(q, k, v):
+        return attention_cpu.attention_cpu(q, k, v, mask.mask, scale, softcap)
+    if q.shape[1] <= Q_BLOCK:
+        return attention_softcap_ref(q, k, v, mask.mask, scale, softcap)
+    out = torch.zeros(*q.shape[:3], v.shape[3], dtype=q.dtype, device=q.device)
+    for q0, q1, k0, k1, part in mask.blocks(Q_BLOCK):
+        kv = k[:, k0:k1], v[:, k0:k1]
+        out[:, q0:q1] = attention_softcap_ref(q[:, q0:q1], *kv, part.mask, scale, softcap)
+    return out

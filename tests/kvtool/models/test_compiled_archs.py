@@ -1,0 +1,65 @@
+"""The compiled decoder call (kernels/decoder_cpu.c) for the llama family's newer members and
+gemma2, on tiny quantized models (tests/helpers/tiny_archs.py). For qwen2's Q/K/V biases, phi3's
+fused weights and LongRoPE factors, granite's scales, qwen3's per-head Q/K norms and olmo2's norms
+over the whole projection and after each block (with sliding layers) the call chains the kernels
+the op-by-op forward calls, in its order (its norms too: layers.rms_norm_ggml), so the logits are
+the same bits. Gemma's op-by-op forward norms with torch (as Gemma 3's), so gemma2 matches to the
+rounding of the 8-bit activations (tests/kvtool/models/test_compiled_gemma3.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from kvtool import Model
+from kvtool.kernels import qmatmul
+from tests.helpers.decoder_script import count_runs, decode_script, expected_runs
+from tests.helpers.quantized import quantizing
+from tests.helpers.tiny_archs import VARIANTS, TinyArch, write_tiny_arch
+
+pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: the kernel is not built")
+
+GRANITE = TinyArch("granite", keys=(("embedding_scale", 6.0), ("residual_scale", 0.22), ("logit_scale", 8.0)))
+CASES = {  # the model, and whether the compiled call gives the op-by-op bits
+    "qwen2": (VARIANTS["qwen2"], True),
+    "phi3": (VARIANTS["phi3"], True),
+    "granite": (GRANITE, True),
+    "qwen3": (TinyArch("qwen3", head_dim=32, rope_base=1e6), True),
+    "olmo2": (VARIANTS["olmo2"], True),
+    "gemma2": (VARIANTS["gemma2"], False),
+}
+
+
+def _qtype(name: str) -> T:
+    return T.Q8_0 if name in ("token_embd.weight", "output.weight") else T.Q4_1
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("compiled")
+    with quantizing(_qtype):
+        return {a: write_tiny_arch(d / f"{a}.gguf", replace(cfg, seed=11)) for a, (cfg, _) in CASES.items()}
+
+
+@pytest.mark.parametrize("kv_unified", [False, True])
+@pytest.mark.parametrize("arch", sorted(CASES))
+def test_compiled_layers_match_the_op_by_op_forward(
+    paths: dict[str, Path], arch: str, kv_unified: bool
+) -> None:
+    model = Model(paths[arch])
+    dec = model.impl.decoder
+    assert dec is not None, f"{arch} has no compiled call"
+    ran = count_runs(dec)
+    compiled = decode_script(model, kv_unified, "f16", steps=8)  # past olmo2's and gemma2's windows
+    model.impl.decoder = None
+    op_by_op = decode_script(model, kv_unified, "f16", steps=8)
+    assert ran == expected_runs(model.hparams.n_layer, steps=8)
+    for a, b in zip(compiled, op_by_op, strict=True):
+        if CASES[arch][1]:
+            assert torch.equal(a, b)
+        else:  # one 8-bit quantum of an activation moved by the norms' summation order, under 1 %
+            torch.testing.assert_close(a, b, rtol=0, atol=0.01 * float(b.abs().max()))
