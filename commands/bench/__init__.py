@@ -145,6 +145,11 @@ def bench(
     instances = [[Instance(m, *v) for v in itertools.product(*axes.values())] for m in models]
     for inst in instances[0]:  # every value checked before the header is printed
         _params(inst, 1, kv_unified, swa_full).check()
+    dev = common.gpu_layers_device(
+        common.devices.device_setting(device, n_gpu_layers), device, n_gpu_layers, err
+    )
+    if dev != "cpu":  # the device too (llama-bench refuses a bad -dev while parsing)
+        kvtool.resolve_device(dev)
     # like llama-bench, a column appears when its parameter is not at the default
     md_fields = ["model", "size", "params", "backend", "n_threads"]
     md_fields += [f for f, dflt in _DEFAULTS.items() if axes[f] != dflt]
@@ -165,9 +170,7 @@ def bench(
         m = common.load_model_with_status(
             name,
             common.progress_console(err, no_progress),
-            common.gpu_layers_device(
-                common.devices.device_setting(device, n_gpu_layers), device, n_gpu_layers, err
-            ),
+            dev,
             weights,
         )
         shown = common.progress_console(err, no_progress)

@@ -73,16 +73,18 @@ def test_refuses_in_one_line_without_a_gpu() -> None:
 def test_table_rows() -> None:
     decode = {"case": "decode, 1 stream, 4k cells", "kvtool_cells_ms": 0.5, "kvtool_mask_ms": 0.6}
     decode |= {"sdpa_ms": 0.25, "share_of_copy_bw": 0.123, "kvtool_cells_max_diff": 1e-3}
+    decode |= {"kvtool_cells_graph_ms": 0.05, "sdpa_graph_ms": 0.02}
     prompt = {"case": "prompt", "kvtool_cells_ms": 1.0, "kvtool_mask_ms": 2.0, "sdpa_ms": 0.5}
     prompt |= {"sdpa_flash_ms": None, "kvtool_cells_tflops": 133.2, "share_of_peak": 0.134}
-    prompt |= {"kvtool_cells_max_diff": 2e-3}
+    prompt |= {"kvtool_cells_max_diff": 2e-3, "kvtool_cells_graph_ms": None, "sdpa_graph_ms": 0.4}
     lines = bench.table([decode, prompt], "head").splitlines()
     assert (
-        lines[4]
-        == "| decode, 1 stream, 4k cells | 0.500 ms | 0.600 ms | 0.250 ms | - | 12 % of copy bw | 1.0e-03 |"
+        lines[4] == "| decode, 1 stream, 4k cells | 0.500 ms | 0.600 ms | 0.250 ms | - | 0.050 ms | 0.020 ms "
+        "| 12 % of copy bw | 1.0e-03 |"
     )
     assert (
-        lines[5] == "| prompt | 1.000 ms | 2.000 ms | 0.500 ms | n/a | 133 TFLOP/s, 13 % of peak | 2.0e-03 |"
+        lines[5] == "| prompt | 1.000 ms | 2.000 ms | 0.500 ms | n/a | n/a | 0.400 ms "
+        "| 133 TFLOP/s, 13 % of peak | 2.0e-03 |"
     )
 
 

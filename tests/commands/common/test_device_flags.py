@@ -77,6 +77,7 @@ def test_half_weights_run(tiny_llama_path: Path) -> None:
     [
         ["run", "--device", "cuda", "-p", "hi"],
         ["batched-bench", "-dev", "cuda"],
+        ["bench", "--device", "cuda"],
         ["state", "save", "--device", "cuda", "-p", "hi", "-o", "/tmp/never-written.kvstate"],
     ],
 )
@@ -87,6 +88,7 @@ def test_a_missing_gpu_is_one_error_before_loading(args: list[str]) -> None:
     line = r.stderr.strip()
     assert line.startswith("error: device 'cuda") and "sees no CUDA GPU" in line, line
     assert "\n" not in line
+    assert r.stdout == ""  # bench: not its table's header first
 
 
 @no_cuda
