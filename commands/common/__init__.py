@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import kvtool
 from kvtool.commands.common import devices, options, text, values
 from kvtool.commands.common.options import (
+    ContBatchingOpt,
     ContextFlags,
     DefragFlags,
     LoadFlags,
@@ -163,6 +164,7 @@ def gpu_layers_device(device: str, named: str | None, n_gpu_layers: int | None, 
 
 
 __all__ = [
+    "ContBatchingOpt",
     "ContextFlags",
     "DefragFlags",
     "FetchBar",

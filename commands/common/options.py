@@ -165,6 +165,14 @@ DefragOpt = Annotated[
     str | None,
     typer.Option("--defrag", help="KV compaction: none, or on-fail (compact when a batch finds no room)."),
 ]
+ContBatchingOpt = Annotated[
+    bool,
+    typer.Option(
+        "--cont-batching/--no-cont-batching",
+        "-cb/-nocb",
+        help="New requests join the running batch (-nocb: they wait until every sequence is done).",
+    ),
+]
 RsSeqOpt = Annotated[
     int,
     typer.Option(

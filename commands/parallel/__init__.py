@@ -125,14 +125,7 @@ def parallel(
     ] = 128,
     context: common.ContextFlags = common.ContextFlags(),
     compaction: common.DefragFlags = common.DefragFlags(),
-    cont_batching: Annotated[
-        bool,
-        typer.Option(
-            "--cont-batching/--no-cont-batching",
-            "-cb/-nocb",
-            help="A client takes its next request inside the running batch (else: waves).",
-        ),
-    ] = True,
+    cont_batching: common.ContBatchingOpt = True,
     pps: Annotated[
         bool, typer.Option("-pps", help="Decode the system prompt once and seq_cp it to every client.")
     ] = False,

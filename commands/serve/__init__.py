@@ -109,14 +109,7 @@ def serve(
     ] = 4,
     context: common.ContextFlags = common.ContextFlags(type_k="f16", type_v="f16"),  # llama-server's
     compaction: common.DefragFlags = common.DefragFlags(),
-    cont_batching: Annotated[
-        bool,
-        typer.Option(
-            "--cont-batching/--no-cont-batching",
-            "-cb/-nocb",
-            help="New requests join the running batch (else: they wait until every slot is idle).",
-        ),
-    ] = True,
+    cont_batching: common.ContBatchingOpt = True,
     cache_prompt: Annotated[
         bool,
         typer.Option(
