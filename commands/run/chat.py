@@ -115,7 +115,10 @@ class ChatSession:
                 tokens = self.cached + self.pending + tail
         else:
             said = self.cached + self.pending  # raw text continues after the whole reply
-            tokens = said + self.ctx.model.tokenize(user_text, add_special=not said, parse_special=False)
+            # llama-completion: the first prompt's special tokens are parsed (<start_of_turn> is one
+            # token), later typed input is plain text
+            first = not said
+            tokens = said + self.ctx.model.tokenize(user_text, add_special=first, parse_special=first)
         if not tokens:  # llama.cpp's tools: an empty prompt is a BOS, or nothing to decode
             if self.use_template:
                 self.messages.pop()

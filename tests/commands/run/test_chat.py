@@ -53,6 +53,19 @@ def test_raw_text_continues_after_the_whole_reply(tiny_llama: kvtool.Model) -> N
     assert chat.cached[: len(first) + 4 + len(more)] == first + gen.tokens + more
 
 
+def test_raw_prompt_parses_special_tokens_then_typed_text_does_not(tiny_llama: kvtool.Model) -> None:
+    """llama-completion: the first prompt is tokenized with its special tokens parsed (`<s>` is
+    the BOS token), text typed after it is plain text."""
+    ctx = kvtool.Context(tiny_llama, kvtool.ContextParams(n_ctx=256))
+    chat = ChatSession(ctx, kvtool.Sampler(GREEDY), use_template=False)
+    _, gen = chat.respond("a<s>b", n_predict=2)
+    first = tiny_llama.tokenize("a<s>b", add_special=True, parse_special=True)
+    assert first != tiny_llama.tokenize("a<s>b", add_special=True, parse_special=False)
+    chat.respond("c<s>", n_predict=1)
+    typed = tiny_llama.tokenize("c<s>", add_special=False, parse_special=False)
+    assert chat.cached[: len(first) + 2 + len(typed)] == first + gen.tokens + typed
+
+
 def test_a_prompt_that_does_not_fit_keeps_the_conversation(tiny_llama: kvtool.Model) -> None:
     ctx = kvtool.Context(tiny_llama, kvtool.ContextParams(n_ctx=256))
     chat = ChatSession(ctx, kvtool.Sampler(GREEDY), use_template=False)
