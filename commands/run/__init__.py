@@ -13,7 +13,7 @@ import typer
 import kvtool
 from kvtool.commands import app, common
 from kvtool.commands.common.progress import PromptBar
-from kvtool.commands.run.banner import banner_lines
+from kvtool.commands.run.banner import banner_lines, template_source
 from kvtool.commands.run.chat import ChatSession
 from kvtool.commands.run.keeper import Keeper, err
 from kvtool.commands.run.loop import COMMANDS, Display, chat, one_shot
@@ -249,7 +249,7 @@ def run(
     bar = PromptBar(err) if not no_progress and err.is_terminal else None
     if verbose:
         err.print(
-            f"model: {m.name} ({m.arch}, {m.path}); chat template: {m.chat_template.name}; "
+            f"model: {m.name} ({m.arch}, {m.path}); chat template: {template_source(m)}; "
             f"n_ctx = {ctx.n_ctx}; seed = {keeper.session.sampler.seed}"
         )
         per_seq = getattr(ctx.memory, "state_bytes_per_seq", None)  # recurrent and hybrid memories
@@ -259,7 +259,7 @@ def run(
     rc = 0
     try:
         if prompt is not None and not conversation_mode:
-            one_shot(keeper.session, prompt, n_predict, perf_marks, bar, show)
+            rc = one_shot(keeper.session, prompt, n_predict, perf_marks, bar, show)
         else:
             if sys.stdin.isatty():  # llama-cli's banner, for whoever is at the terminal
                 threads = kvtool.set_n_threads()

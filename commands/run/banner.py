@@ -9,6 +9,12 @@ from kvtool.common.model_desc import model_desc
 _MiB = 1 << 20
 
 
+def template_source(m: kvtool.Model) -> str:
+    """Where the chat template comes from, as the banner and -v name it."""
+    name = m.chat_template.name
+    return "the GGUF's own, Jinja" if name == "builtin" else name
+
+
 def banner_lines(
     ctx: kvtool.Context, threads: int, system: str | None, commands: dict[str, str]
 ) -> list[str]:
@@ -20,8 +26,7 @@ def banner_lines(
     kv = f"K {p.type_k}, V {p.type_v}, {layout}, {(est.kv + est.recurrent) / _MiB:.1f} MiB"
     if ctx.memory.kind != "kv":
         kv += f" ({ctx.memory.kind})"
-    template = m.chat_template.name
-    source = "the GGUF's own, Jinja" if template == "builtin" else template
+    source = template_source(m)
     lines = [
         f"model      : {m.name} ({model_desc(m)}, {m.size_bytes() / _MiB:.2f} MiB)",
         f"file       : {m.path}",

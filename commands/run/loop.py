@@ -65,7 +65,9 @@ def verbose_prompt(model: kvtool.Model, tokens: list[int], n_kept: int) -> None:
 
 def one_shot(
     session: ChatSession, prompt: str, n_predict: int, perf: Perf, bar: PromptBar | None, show: Display
-) -> None:
+) -> int:
+    """The completion of `prompt`; returns the exit status: 130 when Ctrl-C cut it short (as
+    llama-completion), else 0."""
     perf.turn_started()
 
     def write(text: str) -> None:
@@ -86,6 +88,7 @@ def one_shot(
     if show.perf is not False:
         for line in perf.lines(session.timings):
             err.print(line)
+    return 130 if gen.stop == "interrupted" else 0
 
 
 def _tokens_hook(session: ChatSession, on: bool):  # type: ignore[no-untyped-def]

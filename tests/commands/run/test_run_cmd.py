@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +141,16 @@ def test_context_shift_generates_past_the_context(tiny_llama_path: Path) -> None
     off = run([*base, "-n", "600"])
     assert off.returncode == 0, off.stderr
     assert "context full (n_ctx = 256)" in off.stderr and not re.search(r"/ +600 runs", off.stderr)
+
+
+def test_ctrl_c_cuts_a_one_shot_short_with_status_130(tiny_llama_path: Path) -> None:
+    """llama-completion exits 130 when Ctrl-C stops a completion: a script can tell a cut-off
+    answer from a whole one."""
+    args = ["run", "-m", str(tiny_llama_path), "-p", "hello", "-n", "-1", "--ignore-eos", "--context-shift"]
+    p = subprocess.Popen([*KVTOOL, *args, "--no-chat"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None
+    os.read(p.stdout.fileno(), 1)  # generation has started
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert b"(interrupted)" in err
