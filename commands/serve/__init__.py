@@ -5,6 +5,7 @@ the scheduler `kvtool parallel` uses too, on its own thread."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -20,6 +21,16 @@ from kvtool.commands import app, common
 from kvtool.commands.common.text import plain
 
 err = common.text.lazy_console(stderr=True)
+
+
+_parallel_range = common.values.bounds(-1, 63)
+
+
+def _check_parallel(value: int) -> int:
+    """-np: 1-63 slots, or -1 (auto); 0 is refused, as llama-server refuses it."""
+    if value == 0:
+        raise typer.BadParameter("must be -1 (auto) or in [1, 63], got 0")
+    return int(_parallel_range(value))
 
 
 def _names(model: str, path: str, alias: str | None) -> tuple[str, ...]:
@@ -104,9 +115,13 @@ def serve(
     n_parallel: Annotated[
         int,
         typer.Option(
-            "-np", "--parallel", help="Slots: requests served at once.", callback=common.values.bounds(1, 63)
+            "-np",
+            "--parallel",
+            help="Slots: requests served at once (-1: auto, 4 slots sharing one unified KV buffer, each "
+            "up to the whole context, as llama-server).",
+            callback=_check_parallel,
         ),
-    ] = 4,
+    ] = -1,
     context: common.ContextFlags = common.ContextFlags(type_k="f16", type_v="f16"),  # llama-server's
     compaction: common.DefragFlags = common.DefragFlags(),
     cont_batching: common.ContBatchingOpt = True,
@@ -174,6 +189,8 @@ def serve(
     m = common.load_model(load, err)
     if jinja and m.file.get("tokenizer.chat_template", None) is not None:
         m.use_chat_template(jinja=True)
+    if n_parallel == -1:  # llama-server's auto: 4 slots over one unified buffer
+        n_parallel, context = 4, dataclasses.replace(context, kv_unified=True)
     cp = context.params(n_parallel, compaction.setting())
     ctx = common.make_context(m, cp, err)
     sched = Scheduler(

@@ -99,8 +99,6 @@ def generation(body: dict[str, Any], tokens: list[int], limits: Limits, chat: bo
     n_predict = integer(body, "n_predict", -1, lo=-1)
     n_predict = integer(body, "max_completion_tokens", n_predict, lo=-1)
     n_predict = integer(body, "max_tokens", n_predict, lo=-1)
-    if n_predict > limits.n_ctx_slot:
-        raise bad(f"'max_tokens' is {n_predict}, but a slot holds {limits.n_ctx_slot} tokens")
     if len(tokens) >= limits.n_ctx_slot:
         raise ApiError(
             400,

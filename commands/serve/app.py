@@ -64,12 +64,13 @@ class Server:
         return api.parse_json(b"".join(chunks))
 
     def check_model(self, body: dict[str, Any]) -> str:
+        """The model name a response gives. As llama-server with one model, any name a request
+        asks for is served by this model (clients send placeholders such as "gpt-4o"); one of
+        this model's names is echoed, any other gets the first."""
         name = body.get("model")
-        if name is None or name == "":
-            return self.p.model_names[0]
-        if not isinstance(name, str) or name not in self.p.model_names:
-            raise api.ApiError(400, f"model '{name}' not found; this server serves '{self.p.model_names[0]}'")
-        return name
+        if name is not None and not isinstance(name, str):
+            raise api.ApiError(400, f"'model' must be a string, got {type(name).__name__}")
+        return name if name in self.p.model_names else self.p.model_names[0]
 
     def submit(self, req: Request) -> tuple[Task, TaskStream]:
         sched = self.loop.sched

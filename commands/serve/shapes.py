@@ -144,7 +144,7 @@ def native_final(task: Task, model: str, outs: list[TokenOut], text: str, prompt
         "generation_settings": settings(task),
         "prompt": prompt,
         "has_new_line": "\n" in task.text,
-        "truncated": False,
+        "truncated": task.truncated,
         "stop_type": stop_type,
         "stopping_word": task.stopping_word,
         "tokens_cached": task.n_prompt + task.n_decoded,

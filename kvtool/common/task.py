@@ -105,6 +105,7 @@ class Task:
         self.generated: list[int] = []
         self.text = ""  # the answer so far, stop string removed
         self.stop = ""
+        self.truncated = False  # the answer stopped because the slot was full (llama-server's name)
         self.stopping_word = ""
         self.error = ""
         self.reused_from = ""  # where the reused prefix came from: "slot" or a PrefixSource's name
@@ -150,6 +151,7 @@ class Task:
             self.stop = "word"
         elif at_limit or 0 <= req.n_predict <= self.n_decoded:
             self.stop = "limit"
+            self.truncated = not 0 <= req.n_predict <= self.n_decoded
         if self.stop and self.stop != "word":
             self.text += self._decoder.decode(b"", final=True)
         end = len(self.text) if self.stop else len(self.text) - self._held_back()
