@@ -10,7 +10,7 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 
@@ -185,6 +185,21 @@ RsSeqOpt = Annotated[
 
 class FlagGroup:
     """A dataclass of typer options that `@flags` spreads into a verb's command line."""
+
+    def changed(self, skip: tuple[str, ...] = ()) -> list[str]:
+        """The flags (their first name, e.g. `-c`) given a value other than the default, for a
+        verb to refuse flags that do nothing in one of its modes."""
+        hints = get_type_hints(type(self), include_extras=True)
+        names = []
+        for f in dataclasses.fields(self):
+            if f.name not in skip and getattr(self, f.name) != f.default:
+                opt = hints[f.name].__metadata__[0]
+                # in Annotated, typer keeps an option's first name in `default`
+                decls = [
+                    d for d in (opt.default, *opt.param_decls) if isinstance(d, str) and d.startswith("-")
+                ]
+                names.append(decls[0].split("/")[0])
+        return names
 
 
 @dataclasses.dataclass(frozen=True)

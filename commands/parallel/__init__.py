@@ -194,6 +194,16 @@ def parallel(
     rec: TraceRecorder | None = None
     if server is not None and trace is not None:
         raise typer.BadParameter("records a local run, not --server", param_hint="--trace")
+    local = [
+        *load.changed(skip=("model", "list_devices")),
+        *context.changed(),
+        *compaction.changed(),
+        *(["-pps"] * pps),
+    ]
+    if server is not None and local:  # the server's own flags decide these
+        raise typer.BadParameter(
+            f"sends requests only: {', '.join(local)} set up a local run", param_hint="--server"
+        )
     recording = contextlib.ExitStack()  # the trace replaces its file only after a whole run
     with recording:
         if server is not None:

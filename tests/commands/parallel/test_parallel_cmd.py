@@ -118,6 +118,21 @@ def test_server_failures_exit_nonzero(tmp_path: Path) -> None:
     assert "HTTP 500" in result.stdout and re.search(r"^Failed requests: +1$", result.stdout, re.M)
 
 
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["-c", "99", "-ctk", "bf16", "-kvu", "-pps", "-t", "1"], "-c, --kv-unified, -ctk, -pps"),
+        (["--weights", "f32", "--defrag-thold", "0.5"], "--weights, --defrag-thold"),
+    ],
+)
+def test_server_mode_refuses_the_local_runs_flags(flags: list[str], named: str) -> None:
+    """The server's own flags decide its context: a --server run refuses them, not ignores them."""
+    result = run("--server", "http://127.0.0.1:9", *flags, code=2)
+    assert "sends requests only:" in result.output
+    for flag in named.split(", "):
+        assert flag in result.output
+
+
 def test_system_prompt_from_a_file(tiny_llama, tiny_llama_path: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     system = tmp_path / "sys.txt"
     system.write_text("You are a terse assistant.\nUser:\nhi\nAssistant:\nhello\n", encoding="utf-8")
