@@ -191,7 +191,7 @@ class FlagGroup:
         verb to refuse flags that do nothing in one of its modes."""
         hints = get_type_hints(type(self), include_extras=True)
         names = []
-        for f in dataclasses.fields(self):
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]  # every FlagGroup is a dataclass
             if f.name not in skip and getattr(self, f.name) != f.default:
                 opt = hints[f.name].__metadata__[0]
                 # in Annotated, typer keeps an option's first name in `default`
