@@ -102,3 +102,17 @@ def test_bad_values_are_usage_errors(tiny_llama_path: Path) -> None:
     for args in (["-o", "xml"], ["-pg", "8"], ["-p", "1-x"], ["-r", "0"]):
         result = runner.invoke(app, ["bench", "-m", str(tiny_llama_path), *args])
         assert result.exit_code == 2, args
+
+
+def test_a_table_read_from_both_streams_is_whole(tiny_llama_path: Path) -> None:
+    """`bench ... 2>&1` off a terminal: nothing on stderr splits the table (a stopped progress
+    display used to leave a blank line after every row)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "kvtool.commands", "bench", "-m", str(tiny_llama_path), *SMALL]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout
+    lines = r.stdout.splitlines()
+    table = [i for i, ln in enumerate(lines) if ln.startswith("|")]
+    assert len(table) == 5 and table == list(range(table[0], table[0] + 5)), r.stdout
