@@ -152,7 +152,7 @@ def _as_saved(
         if not Path(saved).is_file():
             raise kvtool.StateError(f"{path} was saved with the model {saved}, which is not there: give -m")
         load = dataclasses.replace(load, model=saved)
-    layout = dict(info.memory)  # the saved layout: a dict, not a memory object
+    layout = _kv_part(dict(info.memory))  # the saved layout: a dict, not a memory object
     kept = {
         field: value.lower() if isinstance(value, str) else value
         for field, key, kind in (
@@ -163,6 +163,19 @@ def _as_saved(
         if not given(field) and isinstance(value := layout.get(key), kind)
     }
     return load, dataclasses.replace(context, **kept)
+
+
+def _kv_part(layout: dict[str, object]) -> dict[str, object]:
+    """The layout of the saved memory's first KV cache: the memory itself, or the first of its
+    parts that is one (a sliding-window model's base and window caches, a hybrid's attention
+    part: their K/V types and layout are the same), or the memory where it has none."""
+    if "type_k" in layout:
+        return layout
+    parts = layout.get("parts")
+    for part in parts.values() if isinstance(parts, dict) else ():
+        if isinstance(part, dict) and "type_k" in (found := _kv_part(part)):
+            return found
+    return layout
 
 
 def _next_logits(ctx: kvtool.Context, info: kvtool.StateInfo, seq: int, more: str | None) -> torch.Tensor:

@@ -57,3 +57,24 @@ def test_a_model_that_moved_is_named(
     model.unlink()
     line = kvtool_cli(monkeypatch, capsys, "state", "load", "-i", str(out), "-c", "512").one_error_line()
     assert str(model) in line and "give -m" in line
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "granitehybrid"])
+def test_a_composite_memory_gives_its_kv_types_and_layout(
+    arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sliding-window model's base and window caches, a hybrid's attention part: the file's
+    K/V types and layout are read from its KV parts (state load said "K type differ")."""
+    model = Path(__file__).parents[2] / "data" / "tiny" / "models" / f"tiny-{arch}.gguf"
+    out = tmp_path / "c.kvs"
+    flags = ["-c", "512", "-ctk", "bf16", "-ctv", "bf16", "-kvu"]
+    r = kvtool_cli(
+        monkeypatch, capsys, "state", "save", "-m", str(model), *flags, "-o", str(out), "-p", "a b c"
+    )
+    assert r.code == 0, r.err
+    r = kvtool_cli(monkeypatch, capsys, "state", "load", "-i", str(out), "-c", "512", "-n", "3")
+    assert r.code == 0, r.err
+    want = kvtool_cli(
+        monkeypatch, capsys, "state", "load", "-i", str(out), "-n", "3", "-m", str(model), *flags
+    )
+    assert want.code == 0 and r.out == want.out
