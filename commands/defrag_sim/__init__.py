@@ -79,7 +79,11 @@ def defrag_sim(
     n_ctx: Annotated[
         int | None,
         typer.Option(
-            "-c", "--n-ctx", help="KV cells in all (default: the trace's, else 32768).", callback=bounds(1)
+            "-c",
+            "--ctx-size",
+            "--n-ctx",
+            help="KV cells in all (default: the trace's, else 32768).",
+            callback=bounds(1),
         ),
     ] = None,
     seed: Annotated[int, typer.Option("-s", "--seed", help="Synthetic: the workload's seed.")] = 42,
@@ -108,6 +112,7 @@ def defrag_sim(
         float,
         typer.Option(
             "--defrag-thold",
+            "-dt",
             help="threshold: compact when holes exceed this part of the span.",
             callback=bounds(0.0, 1.0, hi_open=True),
         ),
