@@ -66,8 +66,9 @@ def _missed(n_batch: int) -> None:
 
 
 def _finished(r: RequestRecord, n_seq: int) -> None:
+    n_prompt = f"{r.n_prompt:4d}" if r.n_prompt >= 0 else "   ?"  # a failed request's is unknown
     line = (
-        f"Client {r.client:3d}, seq {r.seq:3d}/{n_seq:3d}, prompt {r.n_prompt:4d} t, "
+        f"Client {r.client:3d}, seq {r.seq:3d}/{n_seq:3d}, prompt {n_prompt} t, "
         f"response {r.n_decoded:4d} t, "
         f"time {r.time:5.2f} s, speed {r.speed:5.2f} t/s, cache miss {r.cache_miss} "
     )

@@ -61,7 +61,7 @@ class Keeper:
             return f"saved as '{name}' in the store {self.pool.store.path}"
         path = Path(name).expanduser().resolve()  # a file name, relative to where kvtool runs
         n = self.session.save_state(path)
-        return f"saved to {path} ({n:,} bytes; /load {name} or --session {name} resumes it)"
+        return f"saved to {path}: {n:,} bytes; /load {name} or --session {name} resumes it"
 
     def load(self, name: str) -> str:
         if self.pool is not None:

@@ -116,6 +116,7 @@ def test_server_failures_exit_nonzero(tmp_path: Path) -> None:
     with sse_server(ServerLog(fail_every=3)) as url:
         result = run("--server", url, "-np", "1", "-ns", "3", "-n", "2", code=1)
     assert "HTTP 500" in result.stdout and re.search(r"^Failed requests: +1$", result.stdout, re.M)
+    assert "prompt    ? t" in result.stdout and "prompt   -1 t" not in result.stdout
 
 
 @pytest.mark.parametrize(
