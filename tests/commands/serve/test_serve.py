@@ -294,6 +294,8 @@ def test_a_signal_stops_the_server_cleanly_and_it_restarts(sig: int) -> None:
         rc, err = first.stop(sig)
         assert rc == 0 and "serve: stopped" in err and "Traceback" not in err
         assert "serve: stopping: requests in flight get 5 s" in err
+        # one line per request, as llama-server logs them (health checks left out)
+        assert "serve: request: POST /completion HTTP/1.1 127.0.0.1:" in err and "/health" not in err
         assert time.monotonic() - t0 < 10
     with serving("-np", "2", "-c", "1024", port=port) as again:
         assert post(again.url, "/completion", {"prompt": "a", "n_predict": 2})[0] == 200
