@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from . import attention_cpu
 from ._triton import jit, tl, triton, use_triton
 from .attention_split import _NOMINAL_SMS, _attention_reduce_kernel, _n_split, _rows, _store_out
+from .kv_quant import KVType, dequantize, quantize_q, split_affine
 from .visibility import SWA_KINDS, Cells, _visible, visibility_mask
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -82,17 +83,46 @@ def _f32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float32 else t.float()
 
 
+def quantized(t: KVType | None) -> bool:
+    return t is not None and t.quantized
+
+
+def as_float(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tk: KVType | None, tv: KVType | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The operands of a quantized cache as the specification computes with them: K and V
+    dequantized, and q quantized to K's dot-product type as ggml's CPU flash attention
+    quantizes it (kernels/kv_quant.py): no copy for float caches."""
+    if quantized(tk):
+        assert tk is not None and tk.vec_dot is not None
+        q, s = quantize_q(q, tk.vec_dot)
+        if s is None:
+            k = dequantize(k, tk, q.shape[-1])
+        else:  # an affine K: its blocks' minimums meet the query's block sums, as extra dims
+            scaled, mins = split_affine(k, tk)
+            q, k = torch.cat([q, s], dim=-1), torch.cat([scaled, mins], dim=-1)
+    if quantized(tv):
+        assert tv is not None
+        v = dequantize(v, tv)
+    return q, k, v
+
+
 def attention_ref(
     q: torch.Tensor,  # [n_stream, n_q, n_head, head_dim]
-    k: torch.Tensor,  # [n_stream, n_kv, n_head_kv, head_dim]
-    v: torch.Tensor,  # [n_stream, n_kv, n_head_kv, head_dim_v]
+    k: torch.Tensor,  # [n_stream, n_kv, n_head_kv, head_dim] (a quantized tk: its blocks' bytes)
+    v: torch.Tensor,  # [n_stream, n_kv, n_head_kv, head_dim_v] (likewise)
     mask: torch.Tensor | KQMask,  # [n_stream, n_q, n_kv] float, 0 or -inf
     scale: float,
+    tk: KVType | None = None,  # a quantized cache's types (None: the float type k and v hold)
+    tv: KVType | None = None,
 ) -> torch.Tensor:  # [n_stream, n_q, n_head, head_dim_v]
-    """softmax(scale * q k^T + mask) v per stream, with grouped-query heads.
+    """softmax(scale * q k^T + mask) v per stream, with grouped-query heads; a quantized K or V
+    as `as_float` makes it.
 
     A query row that sees no key gives zeros (never NaN).
     """
+    q_dtype = q.dtype
+    q, k, v = as_float(q, k, v, tk, tv)
     S, n_q, n_head, _ = q.shape
     n_head_kv = k.shape[2]
     g = n_head // n_head_kv
@@ -115,7 +145,7 @@ def attention_ref(
         out = out.view(S, n_head_kv, g, n_q, -1).permute(0, 3, 1, 2, 4).reshape(S, n_q, n_head, -1)
     if m.empty is not None:
         out = out.masked_fill(m.empty.unsqueeze(-1), 0.0)
-    return out if out.dtype == q.dtype else out.to(q.dtype)
+    return out if out.dtype == q_dtype else out.to(q_dtype)
 
 
 @jit
@@ -227,6 +257,8 @@ def attention_triton(
     block_m: int | None = None,
     block_n: int | None = None,
     n_split: int | None = None,
+    tk: KVType | None = None,
+    tv: KVType | None = None,
 ) -> torch.Tensor:  # [n_stream, n_q, n_head, head_dim_v]
     """Flash attention in Triton with `attention_ref`'s contract (fp32 accumulation).
 
@@ -250,6 +282,8 @@ def attention_cells_triton(
     block_m: int | None = None,
     block_n: int | None = None,
     n_split: int | None = None,
+    tk: KVType | None = None,
+    tv: KVType | None = None,
 ) -> torch.Tensor:  # [n_stream, n_q, n_head, head_dim_v]
     """`attention_triton` deciding visibility from cell metadata inside the kernel: the
     contract of `attention_cells_ref`, the launch options of `attention_triton`."""
@@ -343,46 +377,72 @@ Q_BLOCK = 128  # query rows per SDPA call on the CPU for prompts: each reads onl
 
 
 def attention_blocks(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | KQMask, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | KQMask,
+    scale: float,
+    tk: KVType | None = None,
+    tv: KVType | None = None,
 ) -> torch.Tensor:
     """`attention_ref` by blocks of Q_BLOCK query rows, each over the range of keys its rows see
     (`KQMask.blocks`): a causal prompt computes about half the scores of one call over all keys.
     The keys left out are hidden from the block's rows, so the result is the same softmax."""
     m = _as_mask(mask)
-    out = torch.zeros(*q.shape[:3], v.shape[3], dtype=q.dtype, device=q.device)
+    dv = v.shape[3] if tv is None else tv.values(v.shape[3])
+    out = torch.zeros(*q.shape[:3], dv, dtype=q.dtype, device=q.device)
     for q0, q1, k0, k1, part in m.blocks(Q_BLOCK):
-        out[:, q0:q1] = attention_ref(q[:, q0:q1], k[:, k0:k1], v[:, k0:k1], part, scale)
+        out[:, q0:q1] = attention_ref(q[:, q0:q1], k[:, k0:k1], v[:, k0:k1], part, scale, tk, tv)
     return out
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | KQMask, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | KQMask,
+    scale: float,
+    tk: KVType | None = None,
+    tv: KVType | None = None,
 ) -> torch.Tensor:
-    """Attention per stream (see `attention_ref`): Triton on CUDA tensors; on the CPU the compiled
-    kernel for a few query rows per stream (decode), torch's SDPA by blocks of query rows over
-    the keys each block sees for more (prompts)."""
+    """Attention per stream (see `attention_ref`; tk/tv: a quantized cache's types): Triton on
+    CUDA tensors; on the CPU the compiled kernel for a few query rows per stream (decode), and
+    for any number over a quantized cache (it reads the blocks), torch's SDPA by blocks of
+    query rows over the keys each block sees for more (prompts)."""
     dense = mask.mask if isinstance(mask, KQMask) else mask
-    if use_triton(q, k, v, dense):
-        return attention_triton(q, k, v, dense, scale)
-    if attention_cpu.applies(q, k, v):
-        return attention_cpu.attention_cpu(q, k, v, dense, scale)
+    if use_triton(q, k, v, dense) and not (quantized(tk) or quantized(tv)):
+        return attention_triton(q, k, v, dense, scale, tk=tk, tv=tv)
+    if attention_cpu.applies(q, k, v, tk, tv):
+        return attention_cpu.attention_cpu(q, k, v, dense, scale, tk, tv)
     if q.shape[1] > Q_BLOCK:
-        return attention_blocks(q, k, v, mask, scale)
-    return attention_ref(q, k, v, mask, scale)
+        return attention_blocks(q, k, v, mask, scale, tk, tv)
+    return attention_ref(q, k, v, mask, scale, tk, tv)
 
 
 def attention_cells_ref(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: Cells, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cells: Cells,
+    scale: float,
+    tk: KVType | None = None,
+    tv: KVType | None = None,
 ) -> torch.Tensor:
     """`attention_ref` with the mask that `cells` describe (kernels/visibility.py): the spec."""
-    return attention_ref(q, k, v, visibility_mask(cells), scale)
+    return attention_ref(q, k, v, visibility_mask(cells), scale, tk, tv)
 
 
 def attention_cells(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cells: Cells, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cells: Cells,
+    scale: float,
+    tk: KVType | None = None,
+    tv: KVType | None = None,
 ) -> torch.Tensor:
     """Attention per stream with visibility from cell metadata: Triton on CUDA tensors (no
     mask is built), the reference elsewhere."""
-    if use_triton(q, k, v, cells.pos):
-        return attention_cells_triton(q, k, v, cells, scale)
-    return attention_cells_ref(q, k, v, cells, scale)
+    if use_triton(q, k, v, cells.pos) and not (quantized(tk) or quantized(tv)):
+        return attention_cells_triton(q, k, v, cells, scale, tk=tk, tv=tv)
+    return attention_cells_ref(q, k, v, cells, scale, tk, tv)

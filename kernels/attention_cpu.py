@@ -14,6 +14,7 @@ import ctypes
 import torch
 
 from kvtool.kernels import cpu_lib
+from kvtool.kernels.kv_quant import KVType
 
 _TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 MAX_ROWS = 16  # query rows per stream up to which the compiled kernel is used
@@ -29,10 +30,14 @@ def _typed(lib: ctypes.CDLL) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
     return f
 
 
-def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+def applies(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tk: KVType | None = None, tv: KVType | None = None
+) -> bool:
     """Whether `attention_cpu` takes these operands."""
     return (
-        q.device.type == "cpu"
+        not (tk is not None and tk.quantized)
+        and not (tv is not None and tv.quantized)
+        and q.device.type == "cpu"
         and q.shape[1] <= MAX_ROWS
         and q.dtype == torch.float32
         and k.dtype in _TYPES
@@ -45,7 +50,14 @@ def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def attention_cpu(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float = 0.0
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    tk: KVType | None = None,
+    tv: KVType | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """softmax(scale * q k^T + mask) v per stream (see the module docstring); needs `applies`.
     `softcap`: each score s becomes softcap * tanh(s / softcap) before the mask (Gemma 2;

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from . import attention_cpu
-from .attention import Q_BLOCK, KQMask
+from .attention import Q_BLOCK, KQMask, as_float
+from .kv_quant import KVType
 from .visibility import Cells, visibility_mask
 
 
@@ -39,18 +40,29 @@ def attention_softcap_ref(
 
 
 def attention_softcap(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: KQMask | Cells, scale: float, softcap: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: KQMask | Cells,
+    scale: float,
+    softcap: float,
+    tk: KVType | None = None,
+    tv: KVType | None = None,
 ) -> torch.Tensor:
     """`attention_softcap_ref` with the visibility a view gives (a prepared mask, or the cells
-    the mask is built from on CUDA), by blocks of query rows over the keys each block sees."""
+    the mask is built from on CUDA), by blocks of query rows over the keys each block sees.
+    A quantized K or V (`tk`, `tv`) is read as `attention.as_float` makes it."""
+    if attention_cpu.applies(q, k, v, tk, tv) and not isinstance(mask, Cells):
+        return attention_cpu.attention_cpu(q, k, v, mask.mask, scale, tk, tv, softcap)
+    q_dtype = q.dtype
+    q, k, v = as_float(q, k, v, tk, tv)
     if isinstance(mask, Cells):
-        return attention_softcap_ref(q, k, v, visibility_mask(mask), scale, softcap)
-    if attention_cpu.applies(q, k, v):
-        return attention_cpu.attention_cpu(q, k, v, mask.mask, scale, softcap)
-    if q.shape[1] <= Q_BLOCK:
-        return attention_softcap_ref(q, k, v, mask.mask, scale, softcap)
-    out = torch.zeros(*q.shape[:3], v.shape[3], dtype=q.dtype, device=q.device)
-    for q0, q1, k0, k1, part in mask.blocks(Q_BLOCK):
-        kv = k[:, k0:k1], v[:, k0:k1]
-        out[:, q0:q1] = attention_softcap_ref(q[:, q0:q1], *kv, part.mask, scale, softcap)
-    return out
+        out = attention_softcap_ref(q, k, v, visibility_mask(mask), scale, softcap)
+    elif q.shape[1] <= Q_BLOCK:
+        out = attention_softcap_ref(q, k, v, mask.mask, scale, softcap)
+    else:
+        out = torch.zeros(*q.shape[:3], v.shape[3], dtype=q.dtype, device=q.device)
+        for q0, q1, k0, k1, part in mask.blocks(Q_BLOCK):
+            kv = k[:, k0:k1], v[:, k0:k1]
+            out[:, q0:q1] = attention_softcap_ref(q[:, q0:q1], *kv, part.mask, scale, softcap)
+    return out if out.dtype == q_dtype else out.to(q_dtype)

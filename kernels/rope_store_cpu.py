@@ -14,6 +14,7 @@ import ctypes
 import torch
 
 from kvtool.kernels import cpu_lib
+from kvtool.kernels.kv_quant import KVType
 
 _TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
@@ -23,12 +24,20 @@ def _rows(x: torch.Tensor) -> bool:  # float32 rows [n, width] with contiguous e
 
 
 def applies(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tk: KVType | None = None,
+    tv: KVType | None = None,
 ) -> bool:
     """Whether `rope_store` takes these: q/k/v float32 rows on the CPU, caches of one supported
     type as rows with contiguous elements, and the kernels loaded."""
     return (
-        _rows(q)
+        not (tk is not None and tk.quantized)
+        and not (tv is not None and tv.quantized)
+        and _rows(q)
         and _rows(k)
         and _rows(v)
         and k_cache.dtype in _TYPES
@@ -54,6 +63,10 @@ def rope_store(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     rows: torch.Tensor,
+    tk: KVType | None = None,
+    tv: KVType | None = None,
+    rot_k: int = 0,
+    rot_v: int = 0,
     lib: ctypes.CDLL | None = None,
 ) -> None:
     """q [n, n_head * head_dim] and k [n, n_head_kv * head_dim] rotated in place by cs ([n,

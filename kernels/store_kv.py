@@ -5,17 +5,24 @@ from __future__ import annotations
 import torch
 
 from ._triton import jit, tl, triton, use_triton
+from .kv_quant import KVType, quantize
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def store_kv_ref(dst: torch.Tensor, src: torch.Tensor, idx: torch.Tensor) -> None:
-    """dst[idx[i]] = src[i] for every i, in place.
+def store_kv_ref(dst: torch.Tensor, src: torch.Tensor, idx: torch.Tensor, t: KVType | None = None) -> None:
+    """dst[idx[i]] = src[i] for every i, in place; a quantized cache type `t` stores each row
+    as its blocks (kernels/kv_quant.py's `quantize`, ggml's rounding).
 
-    dst: [n_rows, width] (the cache of one layer viewed as rows: stream * n_cells + cell)
-    src: [n_tokens, width]; idx: [n_tokens] int64, distinct rows.
+    dst: [n_rows, width] (the cache of one layer viewed as rows: stream * n_cells + cell; a
+    quantized type: each row's blocks, uint8)
+    src: [n_tokens, n_values]; idx: [n_tokens] int64, distinct rows.
     """
-    dst.index_copy_(0, idx, src if src.dtype == dst.dtype else src.to(dst.dtype))
+    if t is not None and t.quantized:
+        rows = quantize(src, t)
+    else:
+        rows = src if src.dtype == dst.dtype else src.to(dst.dtype)
+    dst.index_copy_(0, idx, rows)
 
 
 @jit
@@ -41,11 +48,13 @@ def store_kv_triton(
     dst: torch.Tensor,  # [n_rows, width]
     src: torch.Tensor,  # [n_tokens, width]
     idx: torch.Tensor,  # [n_tokens] int64
+    t: KVType | None = None,
     *,
     block: int | None = None,
 ) -> None:
     """Triton version of `store_kv_ref` (same contract). `block` overrides the row chunk."""
     assert triton is not None, "store_kv_triton needs triton"
+    assert t is None or not t.quantized, "a quantized cache is stored by store_kv_ref"
     assert dst.dim() == 2 and src.dim() == 2 and idx.dim() == 1
     assert dst.dtype in _DTYPES and src.dtype in _DTYPES, (dst.dtype, src.dtype)
     assert idx.dtype == torch.int64 and idx.is_contiguous()
@@ -60,9 +69,10 @@ def store_kv_triton(
     _store_kv_kernel[grid](dst, src, idx, width, dst.stride(0), src.stride(0), BLOCK=block)
 
 
-def store_kv(dst: torch.Tensor, src: torch.Tensor, idx: torch.Tensor) -> None:
-    """dst[idx[i]] = src[i]: Triton on CUDA tensors, the reference elsewhere."""
-    if use_triton(dst, src, idx):
-        store_kv_triton(dst, src, idx)
+def store_kv(dst: torch.Tensor, src: torch.Tensor, idx: torch.Tensor, t: KVType | None = None) -> None:
+    """dst[idx[i]] = src[i] (quantized to `t`'s blocks): Triton on CUDA tensors, the reference
+    elsewhere."""
+    if use_triton(dst, src, idx) and not (t is not None and t.quantized):
+        store_kv_triton(dst, src, idx, t)
     else:
-        store_kv_ref(dst, src, idx)
+        store_kv_ref(dst, src, idx, t)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -13,6 +14,7 @@ from kvtool import graphs
 from kvtool.batch import Batch, BatchAllocator, DecodeError
 from kvtool.device import resolve_device
 from kvtool.errors import KvtoolError
+from kvtool.kernels.kv_quant import kv_type
 from kvtool.memory.base import Memory, MemoryContext, MemoryStatus
 from kvtool.memory.defrag import DEFAULT_MAX_MOVES, DefragPolicy
 from kvtool.memory.spec import MemoryParams, pad
@@ -21,12 +23,22 @@ from kvtool.memory_estimate import check_fits, estimate_memory
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from kvtool.memory.sizes import MemoryBreakdown
     from kvtool.model import Model
     from kvtool.sampling import Sampler
     from kvtool.state.codec import Tokens
     from kvtool.state.header import StateInfo
 
-_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+def attn_rot_enabled(wanted: bool) -> bool:
+    """llama.cpp's Hadamard rotation around a quantized cache: on unless the caller turns it off
+    or LLAMA_ATTN_ROT_DISABLE is set to a non-zero number (llama.cpp's switch)."""
+    flag = os.environ.get("LLAMA_ATTN_ROT_DISABLE", "").strip()
+    try:
+        disabled = bool(flag) and int(flag) != 0
+    except ValueError:
+        disabled = False  # llama.cpp's atoi reads a word as 0
+    return wanted and not disabled
 
 
 @dataclass
@@ -39,13 +51,14 @@ class ContextParams:
     n_seq_max: int = 1
     kv_unified: bool = False
     swa_full: bool = False
-    type_k: str = "f32"  # K cache type: f32, f16, bf16
-    type_v: str = "f32"  # V cache type, independent of K
+    type_k: str = "f16"  # K cache type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl
+    type_v: str = "f16"  # V cache type, independent of K
     n_rs_seq: int = 0  # recurrent memories: states kept per sequence, so seq_rm can roll back this far
     defrag: str = "none"  # KV compaction: none, threshold=F, on-fail (kvtool.memory.defrag)
     defrag_max_moves: int = DEFAULT_MAX_MOVES  # block moves per compaction pass
     device: str | None = None  # where K/V live and the batch computes: None is the model's device
     cuda_graphs: bool = True  # on CUDA, replay captured decode steps (kvtool/graphs.py)
+    attn_rot: bool = True  # Hadamard rotation around a quantized K/V, as llama.cpp (LLAMA_ATTN_ROT_DISABLE)
 
     def check(self) -> DefragPolicy:
         """Raises KvtoolError naming the first parameter no context can have (before a model is
@@ -59,9 +72,10 @@ class ContextParams:
             raise KvtoolError(f"n_rs_seq must be 0 or positive, got {self.n_rs_seq}")
         if self.n_batch < 1 or self.n_ubatch < 1:
             raise KvtoolError("n_batch and n_ubatch must be positive")
-        for t in (self.type_k, self.type_v):
-            if t not in _DTYPES:
-                raise KvtoolError(f"unsupported KV cache type '{t}' (f32, f16, bf16)")
+        try:
+            kv_type(self.type_k), kv_type(self.type_v)
+        except ValueError as e:
+            raise KvtoolError(str(e)) from None
         try:
             return DefragPolicy.parse(self.defrag, self.defrag_max_moves)
         except ValueError as e:
@@ -74,6 +88,7 @@ class Context:
     def __init__(self, model: Model, params: ContextParams | None = None) -> None:
         p = params or ContextParams()
         self.defrag = p.check()
+        type_k, type_v = kv_type(p.type_k), kv_type(p.type_v)
         self.device = model.device if p.device is None else resolve_device(p.device)
         if self.device != model.device:
             raise KvtoolError(f"context device {self.device} differs from the model's ({model.device})")
@@ -106,11 +121,12 @@ class Context:
             n_ubatch=self.n_ubatch,
             kv_unified=p.kv_unified,
             swa_full=p.swa_full,
-            type_k=_DTYPES[p.type_k],
-            type_v=_DTYPES[p.type_v],
+            type_k=type_k,
+            type_v=type_v,
             n_rs_seq=p.n_rs_seq,
             defrag=self.defrag,
             device=self.device,
+            attn_rot=attn_rot_enabled(p.attn_rot),
         )
         spec = model.memory_spec()
         hp = model.hparams
@@ -209,6 +225,11 @@ class Context:
     def n_used_cells(self) -> int:
         """Cells in use (of the primary part of a composite memory)."""
         return self.memory.n_used()
+
+    def memory_breakdown(self) -> MemoryBreakdown:
+        """The bytes the context's memory holds: each KV cache (its K and V in their types) and
+        the recurrent states (llama.cpp's llama_memory_breakdown)."""
+        return self.memory.memory_breakdown()
 
     # -- state (llama_state_*; the format is docs/state-format.md) --------------------------------
     # kvtool.state is imported inside the methods: it builds on the engine, not the reverse.

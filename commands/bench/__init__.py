@@ -63,7 +63,7 @@ def _phase_updater(
     return phase, tokens
 
 
-_DEFAULTS = {"n_batch": [2048], "n_ubatch": [512], "type_k": ["f32"], "type_v": ["f32"]}
+_DEFAULTS = {"n_batch": [2048], "n_ubatch": [512], "type_k": ["f16"], "type_v": ["f16"]}
 
 
 def _params(inst: Instance, n_ctx: int, kv_unified: bool, swa_full: bool) -> kvtool.ContextParams:
@@ -97,8 +97,12 @@ def bench(
     n_depth: Annotated[ListOpt, typer.Option("-d", "--n-depth", help="Tokens in the KV cache first.")] = None,
     n_batch: Annotated[ListOpt, typer.Option("-b", "--batch-size", help="Logical batch sizes.")] = None,
     n_ubatch: Annotated[ListOpt, typer.Option("-ub", "--ubatch-size", help="Physical batch sizes.")] = None,
-    type_k: Annotated[ListOpt, typer.Option("-ctk", "--cache-type-k", help="f32, f16, bf16.")] = None,
-    type_v: Annotated[ListOpt, typer.Option("-ctv", "--cache-type-v", help="f32, f16, bf16.")] = None,
+    type_k: Annotated[
+        ListOpt, typer.Option("-ctk", "--cache-type-k", help=common.options.KV_TYPES_HELP + ".")
+    ] = None,
+    type_v: Annotated[
+        ListOpt, typer.Option("-ctv", "--cache-type-v", help=common.options.KV_TYPES_HELP + ".")
+    ] = None,
     threads: Annotated[ListOpt, typer.Option("-t", "--threads", help="CPU threads.")] = None,
     reps: Annotated[
         int, typer.Option("-r", "--repetitions", help="Runs of each test.", callback=common.values.bounds(1))
@@ -134,8 +138,8 @@ def bench(
     axes: dict[str, list[int] | list[str]] = {
         "n_batch": _ints(n_batch or ["2048"], "-b", 1),
         "n_ubatch": _ints(n_ubatch or ["512"], "-ub", 1),
-        "type_k": [t for x in type_k or ["f32"] for t in x.split(",")],
-        "type_v": [t for x in type_v or ["f32"] for t in x.split(",")],
+        "type_k": [t for x in type_k or ["f16"] for t in x.split(",")],
+        "type_v": [t for x in type_v or ["f16"] for t in x.split(",")],
         "n_threads": _ints(threads, "-t", 1) if threads else [kvtool.set_n_threads()],
         "n_depth": _ints(n_depth or ["0"], "-d"),
     }

@@ -51,8 +51,9 @@ FlashAttnOpt = Annotated[
         help="llama.cpp's flash attention: on or auto (kvtool's attention is always fused); off is refused.",
     ),
 ]
-TypeKOpt = Annotated[str, typer.Option("-ctk", "--cache-type-k", help="K cache type: f32, f16, bf16.")]
-TypeVOpt = Annotated[str, typer.Option("-ctv", "--cache-type-v", help="V cache type: f32, f16, bf16.")]
+KV_TYPES_HELP = "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl"
+TypeKOpt = Annotated[str, typer.Option("-ctk", "--cache-type-k", help=f"K cache type: {KV_TYPES_HELP}.")]
+TypeVOpt = Annotated[str, typer.Option("-ctv", "--cache-type-v", help=f"V cache type: {KV_TYPES_HELP}.")]
 SwaFullOpt = Annotated[
     bool,
     typer.Option("--swa-full", help="Full-size sliding-window caches (no cell reuse outside the window)."),
@@ -229,8 +230,8 @@ class ContextFlags(FlagGroup):
     ubatch_size: UBatchOpt = 512
     kv_unified: KvUnifiedOpt = False
     swa_full: SwaFullOpt = False
-    type_k: TypeKOpt = "f32"
-    type_v: TypeVOpt = "f32"
+    type_k: TypeKOpt = "f16"
+    type_v: TypeVOpt = "f16"
     flash_attn: FlashAttnOpt = "auto"
 
     def params(self, n_seq_max: int, defrag: str = "none", n_rs_seq: int = 0) -> kvtool.ContextParams:

@@ -252,9 +252,12 @@ def run(
             f"model: {m.name} ({m.arch}, {m.path}); chat template: {template_source(m)}; "
             f"n_ctx = {ctx.n_ctx}; seed = {keeper.session.sampler.seed}"
         )
-        per_seq = getattr(ctx.memory, "state_bytes_per_seq", None)  # recurrent and hybrid memories
-        if per_seq is not None:
-            err.print(f"recurrent state: {per_seq():,} bytes per sequence (--rs-seq {rs_seq})")
+        held = ctx.memory_breakdown()
+        for kv in held.kv:
+            err.print(f"KV cache: {kv.describe()}")
+        if held.recurrent:
+            per_seq = held.recurrent // ctx.params.n_seq_max
+            err.print(f"recurrent state: {per_seq:,} bytes per sequence (--rs-seq {rs_seq})")
     show = Display(display_prompt, verbose_prompt, perf, multiline, verbose)
     rc = 0
     try:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from kvtool.batch import BatchAllocator, Split, UBatch
+    from kvtool.memory.sizes import MemoryBreakdown
     from kvtool.state.io import StateReader, StateWriter
 
 Commit = Callable[[], None]
@@ -41,7 +42,7 @@ class MemoryStatus(enum.Enum):
 
 
 @dataclass(frozen=True)
-class MemoryBreakdown:
+class PartBreakdown:
     """What one memory part holds (llama.cpp's memory_breakdown): its bytes as allocated and
     its cells (state slots) per stream. `part` names it inside a composite ("" for a memory
     of one part, "base"/"swa" of a sliding-window pair, "recurrent"/"attn" of a hybrid)."""
@@ -210,8 +211,12 @@ class Memory(Protocol):
         """Cells (or state slots) in use: of the primary part, for a composite."""
         ...
 
-    def breakdown(self) -> list[MemoryBreakdown]:
+    def breakdown(self) -> list[PartBreakdown]:
         """Bytes and cells of every part, as this memory holds them (tensors asked, not derived)."""
+        ...
+
+    def memory_breakdown(self) -> MemoryBreakdown:
+        """The bytes this memory holds, by kind (llama.cpp's memory_breakdown)."""
         ...
 
     def state_write(self, w: StateWriter, seq: int | None) -> None:

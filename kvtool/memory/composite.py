@@ -12,14 +12,15 @@ from kvtool.memory.base import (
     Commit,
     FailedPrepare,
     GraphInputs,
-    MemoryBreakdown,
     MemoryContext,
     MemoryPart,
     MemoryStatus,
     NoUpdate,
+    PartBreakdown,
     SeqOp,
     SeqOps,
 )
+from kvtool.memory.sizes import MemoryBreakdown
 
 if TYPE_CHECKING:
     from kvtool.batch import BatchAllocator, UBatch
@@ -73,12 +74,19 @@ class Composite(SeqOps):
     def n_used(self) -> int:
         return next(iter(self.parts.values())).n_used()
 
-    def breakdown(self) -> list[MemoryBreakdown]:
+    def breakdown(self) -> list[PartBreakdown]:
         return [
             replace(b, part=f"{name}.{b.part}" if b.part else name)
             for name, p in self.parts.items()
             for b in p.breakdown()
         ]
+
+    def memory_breakdown(self) -> MemoryBreakdown:
+        """Every part's bytes."""
+        out = MemoryBreakdown()
+        for p in self.parts.values():
+            out += p.memory_breakdown()
+        return out
 
     # -- batches --------------------------------------------------------------------------------
     def init_batch(self, alloc: BatchAllocator, n_ubatch: int) -> MemoryContext:

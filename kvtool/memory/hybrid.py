@@ -25,6 +25,7 @@ from kvtool.memory.swa_kv_cache import SWAKVCache
 if TYPE_CHECKING:
     from kvtool.batch import Split, UBatch
     from kvtool.memory.recurrent import RecurrentSpec
+    from kvtool.memory.sizes import MemoryBreakdown
     from kvtool.memory.spec import KVSpec, MemoryParams
 
 
@@ -102,10 +103,6 @@ class HybridMemory(Composite):
 
         return run
 
-    def state_bytes_per_seq(self) -> int:
-        """Bytes of recurrent state one sequence holds (its slot and its rollback snapshots)."""
-        return int(self.recurrent.state_bytes_per_seq())  # type: ignore[attr-defined]
-
 
 @dataclass(frozen=True)
 class HybridSpec:
@@ -118,3 +115,6 @@ class HybridSpec:
         attn = self.attn.build(params)
         part: MemoryPart = SWAKVPart(attn.base, attn.swa) if isinstance(attn, SWAKVCache) else attn
         return HybridMemory(part, self.recurrent.build(params))
+
+    def memory_breakdown(self, params: MemoryParams) -> MemoryBreakdown:
+        return self.attn.memory_breakdown(params) + self.recurrent.memory_breakdown(params)

@@ -13,14 +13,16 @@ import numpy as np
 import torch
 
 from kvtool.batch import Split, UBatch
+from kvtool.errors import KvtoolError
+from kvtool.kernels.kv_quant import KV_TYPES, KVType
 from kvtool.memory import kv_cache_state
 from kvtool.memory.base import (
     Clear,
     Commit,
-    MemoryBreakdown,
     MemoryRefused,
     NoUpdate,
     PartBatches,
+    PartBreakdown,
     SeqAdd,
     SeqCp,
     SeqDiv,
@@ -28,12 +30,13 @@ from kvtool.memory.base import (
     SeqOp,
     SeqOps,
     SeqRm,
-    UpdateContext,
     pos_range,
 )
-from kvtool.memory.defrag import DefragPlan, DefragPolicy, apply_defrag, plan_defrag
+from kvtool.memory.defrag import DefragPolicy, plan_defrag
 from kvtool.memory.kv_cache_context import KVCacheContext
 from kvtool.memory.kv_cells import KVCells, SWAParams, seq_bit
+from kvtool.memory.kv_update import KVUpdateContext
+from kvtool.memory.sizes import KVBufferSize, MemoryBreakdown
 from kvtool.state.io import StateReader, StateWriter
 
 # (layer, K rows [n, n_head_kv, head_dim] in float32, position deltas [n]) -> rotated K rows
@@ -55,10 +58,53 @@ class KVCacheParams:
     n_seq_max: int
     unified: bool
     swa: SWAParams | None = None
-    type_k: torch.dtype = torch.float32
-    type_v: torch.dtype = torch.float32
+    type_k: KVType = KV_TYPES["f16"]
+    type_v: KVType = KV_TYPES["f16"]
     device: str | torch.device = "cpu"
     defrag: DefragPolicy = field(default_factory=DefragPolicy)
+    attn_rot: bool = True  # llama.cpp's Hadamard rotation around a quantized K or V (where it applies)
+
+    @property
+    def n_stream(self) -> int:
+        return 1 if self.unified else self.n_seq_max
+
+
+def check_types(specs: dict[int, KVLayerSpec], type_k: KVType, type_v: KVType) -> None:
+    """Refuses, in llama.cpp's words, a quantized type whose blocks do not tile a head."""
+    for s in specs.values():
+        for t, n, what in ((type_k, s.head_dim_k, "K"), (type_v, s.head_dim_v, "V")):
+            if not t.divides(n):
+                raise KvtoolError(
+                    f"{what} cache type {t.name} with block size {t.block} does not divide "
+                    f"n_embd_head_{what.lower()}={n}"
+                )
+
+
+def rotation(t: KVType, head_dims: set[int], smallest: bool, enabled: bool) -> int:
+    """The size of llama.cpp's Hadamard rotation for a cache of type `t` whose layers have these
+    head sizes (0: none): only a quantized type, heads of one size that is a multiple of 64; K
+    takes the largest power of two dividing it, V 64 (`smallest`; llama-kv-cache.cpp)."""
+    if not enabled or not t.quantized or len(head_dims) != 1:
+        return 0
+    hd = head_dims.pop()
+    if hd % 64:
+        return 0
+    n = 64
+    while not smallest and hd % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def breakdown(specs: dict[int, KVLayerSpec], p: KVCacheParams) -> MemoryBreakdown:
+    """What a KVCache of these layers and params holds, before it is built."""
+    check_types(specs, p.type_k, p.type_v)
+    rows = p.n_stream * p.n_cells
+    k = rows * sum(s.n_head_kv * p.type_k.row_bytes(s.head_dim_k) for s in specs.values())
+    v = rows * sum(s.n_head_kv * p.type_v.row_bytes(s.head_dim_v) for s in specs.values())
+    size = KVBufferSize(
+        p.n_cells, p.n_stream, len(specs), p.type_k.name, p.type_v.name, k, v, rows * KVCells.CELL_BYTES
+    )
+    return MemoryBreakdown((size,), n_kv=p.n_cells if specs else 0)
 
 
 def _nothing() -> None:
@@ -73,22 +119,27 @@ class KVCache(SeqOps, PartBatches):
     def __init__(
         self, specs: dict[int, KVLayerSpec], params: KVCacheParams, shift_fn: ShiftFn | None
     ) -> None:
+        check_types(specs, params.type_k, params.type_v)  # before anything is allocated
         self.params = params
         self.specs = specs
-        self.n_stream = 1 if params.unified else params.n_seq_max
+        self.n_stream = params.n_stream
         self.n_cells = params.n_cells
         self.cells = [KVCells(params.n_cells) for _ in range(self.n_stream)]
         self.shift_fn = shift_fn
+        tk, tv, on = params.type_k, params.type_v, params.attn_rot
+        self.rot_k = rotation(tk, {s.head_dim_k for s in specs.values()}, False, on)
+        self.rot_v = rotation(tv, {s.head_dim_v for s in specs.values()}, True, on)
         shape = (self.n_stream, params.n_cells)
         dev = params.device
+        # a quantized type's head row is its blocks, as bytes
         self.k = {
-            il: torch.zeros(*shape, s.n_head_kv, s.head_dim_k, dtype=params.type_k, device=dev)
+            il: torch.zeros(*shape, s.n_head_kv, tk.width(s.head_dim_k), dtype=tk.dtype, device=dev)
             for il, s in specs.items()
-        }  # [n_stream, n_cells, n_head_kv, head_dim_k]
+        }  # [n_stream, n_cells, n_head_kv, head_dim_k (or its blocks' bytes)]
         self.v = {
-            il: torch.zeros(*shape, s.n_head_kv, s.head_dim_v, dtype=params.type_v, device=dev)
+            il: torch.zeros(*shape, s.n_head_kv, tv.width(s.head_dim_v), dtype=tv.dtype, device=dev)
             for il, s in specs.items()
-        }  # [n_stream, n_cells, n_head_kv, head_dim_v]
+        }  # [n_stream, n_cells, n_head_kv, head_dim_v (or its blocks' bytes)]
         # the same tensors as rows [n_stream * n_cells, n_head_kv * head_dim], where a ubatch's
         # K/V rows are stored (views made once, not per layer and ubatch)
         self.k_rows = {il: t.view(-1, t.shape[2] * t.shape[3]) for il, t in self.k.items()}
@@ -134,10 +185,24 @@ class KVCache(SeqOps, PartBatches):
     def can_shift(self) -> bool:
         return self.shift_fn is not None
 
-    def breakdown(self) -> list[MemoryBreakdown]:
+    def breakdown(self) -> list[PartBreakdown]:
         nbytes = sum(t.nbytes for ts in (self.k, self.v) for t in ts.values())
         kind = "attention" if self.params.swa is None else "sliding_window"
-        return [MemoryBreakdown("", kind, nbytes, self.n_cells, tuple(c.n_used() for c in self.cells))]
+        return [PartBreakdown("", kind, nbytes, self.n_cells, tuple(c.n_used() for c in self.cells))]
+
+    def memory_breakdown(self) -> MemoryBreakdown:
+        """The bytes of the K/V tensors allocated and of the cells' bookkeeping."""
+        p = self.params
+
+        def nbytes(ts: dict[int, torch.Tensor]) -> int:
+            return sum(t.numel() * t.element_size() for t in ts.values())
+
+        cells = sum(c.nbytes() for c in self.cells)
+        size = KVBufferSize(
+            self.n_cells, self.n_stream, len(self.specs), p.type_k.name, p.type_v.name,
+            nbytes(self.k), nbytes(self.v), cells,
+        )  # fmt: skip
+        return MemoryBreakdown((size,), n_kv=self.n_cells if self.specs else 0)
 
     # -- sequence operations: planned, then committed --------------------------------------------
     def plan(self, op: SeqOp) -> Commit:
@@ -283,7 +348,7 @@ class KVCache(SeqOps, PartBatches):
         assert isinstance(plan, list)
         return KVCacheContext(self, ubatches, plan)
 
-    def init_update(self, optimize: bool = False) -> KVShiftContext | NoUpdate:
+    def init_update(self, optimize: bool = False) -> KVUpdateContext | NoUpdate:
         """Pending shifts, and the compaction of every stream the defrag policy picks (every
         stream with holes when `optimize`, which on-fail asks for after a failed batch)."""
         pol = self.params.defrag
@@ -294,7 +359,7 @@ class KVCache(SeqOps, PartBatches):
                 if plan.n_moves:
                     plans[s] = plan
         if plans or any(c.has_shift for c in self.cells):
-            return KVShiftContext(self, plans)
+            return KVUpdateContext(self, plans)
         return NoUpdate()
 
     # -- state ----------------------------------------------------------------------------------
@@ -303,45 +368,3 @@ class KVCache(SeqOps, PartBatches):
 
     def state_read(self, r: StateReader, seq: int | None) -> Commit:
         return kv_cache_state.plan_read(self, r, seq)
-
-
-class KVShiftContext(UpdateContext):
-    """Applies pending position shifts (K rows re-rotated by their deltas), then the planned
-    compactions: each pass copies its blocks' K and V rows in every layer, and the cells'
-    metadata moves with them."""
-
-    def __init__(self, cache: KVCache, defrag: dict[int, DefragPlan] | None = None) -> None:
-        self.cache = cache
-        self.defrag = defrag or {}
-
-    def apply(self) -> bool:
-        self._shift()
-        cache = self.cache
-        dev = cache.params.device
-        for s, plan in self.defrag.items():
-            for moves in plan.passes:
-                lens = moves[:, 2]
-                step = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-                si = torch.from_numpy(np.repeat(moves[:, 0], lens) + step).to(dev)
-                di = torch.from_numpy(np.repeat(moves[:, 1], lens) + step).to(dev)
-                # the planner never writes a cell that any move reads: one gather + scatter
-                for t in (*cache.k.values(), *cache.v.values()):
-                    t[s].index_copy_(0, di, t[s].index_select(0, si))
-            apply_defrag(cache.cells[s], plan)
-        return True
-
-    def _shift(self) -> None:
-        cache = self.cache
-        for s, cells in enumerate(cache.cells):
-            if not cells.has_shift:
-                continue
-            assert cache.shift_fn is not None  # plan() refuses shifts without one
-            shift = cells.take_shift()
-            idx = np.flatnonzero((shift != 0) & cells.used())
-            if idx.size == 0:
-                continue
-            ti = torch.from_numpy(idx).to(cache.params.device)
-            delta = torch.from_numpy(shift[idx]).to(cache.params.device)
-            for il, k in cache.k.items():
-                rows = k[s].index_select(0, ti)
-                k[s].index_copy_(0, ti, cache.shift_fn(il, rows.float(), delta).to(k.dtype))

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from kvtool.kernels.attention import KQMask
+from kvtool.kernels.kv_quant import KV_TYPES, KVType
 from kvtool.kernels.visibility import Cells
 from kvtool.memory.base import GraphInputs, MemoryStatus
 from kvtool.memory.kv_cells import KVCells
@@ -23,7 +24,8 @@ class KVView:
     """What an attention layer computes with for one ubatch: its cache, where the ubatch's K/V rows
     go, and what each query sees. The layer stores and attends (kvtool.models.layers.attend)."""
 
-    k: torch.Tensor  # [n_stream, n_cells, n_head_kv, head_dim_k] the layer's whole K cache
+    k: torch.Tensor  # [n_stream, n_cells, n_head_kv, head_dim_k] the layer's whole K cache (a quantized
+    # type: [..., bytes of a head's blocks], uint8)
     v: torch.Tensor  # [n_stream, n_cells, n_head_kv, head_dim_v]
     k_rows: torch.Tensor  # `k` as rows [n_stream * n_cells, n_head_kv * head_dim_k]: where `rows` go
     v_rows: torch.Tensor  # `v` as rows [n_stream * n_cells, n_head_kv * head_dim_v]
@@ -32,6 +34,10 @@ class KVView:
     n_kv: int  # cells attended per stream (the used span)
     mask: KQMask | None  # [n_stream_ub, n_tokens / n_stream_ub, n_kv] additive: 0 seen, -inf not
     cells: Cells | None = None  # instead of the mask: what it is built from (on CUDA)
+    type_k: KVType = KV_TYPES["f16"]  # what k and v hold
+    type_v: KVType = KV_TYPES["f16"]
+    rot_k: int = 0  # llama.cpp's Hadamard rotation of Q and K before the store (its size; 0: none)
+    rot_v: int = 0  # ... of V before the store, and of the attention output back
 
     def attended(self) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V [n_stream_ub, n_kv, n_head_kv, head_dim] of the ubatch's streams: views."""
@@ -194,4 +200,8 @@ class KVCacheContext:
             self._n_kv,
             self._mask,
             self._cells,
+            c.params.type_k,
+            c.params.type_v,
+            c.rot_k,
+            c.rot_v,
         )

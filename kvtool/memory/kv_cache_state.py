@@ -2,7 +2,8 @@
 
 Tensors, under the part's prefix: `pos` I32 [n], `seq` U64 [n] (sequence bitset), `shift` I32
 [n] (pending K shift), `cell` I32 [n] (index in its stream), and per attention layer il `k.{il}`
-[n, n_head_kv, head_dim_k] in type_k and `v.{il}` [n, n_head_kv, head_dim_v] in type_v.
+[n, n_head_kv, head_dim_k] in type_k and `v.{il}` [n, n_head_kv, head_dim_v] in type_v (a
+quantized type: U8 [n, n_head_kv, bytes of a head's blocks], the blocks as the cache holds them).
 Reading plans on copies of the cells and validates everything; only the commit changes the cache.
 """
 
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 
 from kvtool.errors import StateError
+from kvtool.kernels.kv_quant import blocks_finite
 from kvtool.memory.base import Commit
 from kvtool.memory.kv_cells import KVCells, seq_bit
 from kvtool.state.container import shown
@@ -32,8 +34,8 @@ def layout(cache: KVCache, n_rows: int) -> dict[str, Any]:
         "unified": p.unified,
         "n_stream": cache.n_stream,
         "n_cells": cache.n_cells,
-        "type_k": type_name(p.type_k),
-        "type_v": type_name(p.type_v),
+        "type_k": p.type_k.name.upper(),
+        "type_v": p.type_v.name.upper(),
         "swa": None if p.swa is None else {"n_swa": p.swa.n_swa, "kind": p.swa.kind},
         "layers": [[il, s.n_head_kv, s.head_dim_k, s.head_dim_v] for il, s in sorted(cache.specs.items())],
         "n_rows": n_rows,
@@ -88,9 +90,14 @@ def _check_layout(cache: KVCache, saved: Any) -> int:
         ("swa", "sliding window"),
     ):
         if saved.get(key) != want[key]:
+            hint = (
+                " (a state loads into a context of the cache types it was saved from)"
+                if "type" in key
+                else ""
+            )
             raise StateError(
                 f"state does not fit this context: {what} differ "
-                f"(state {shown(saved.get(key), 60)}, context {want[key]})"
+                f"(state {shown(saved.get(key), 60)}, context {want[key]}){hint}"
             )
     n = saved.get("n_rows")
     if not isinstance(n, int) or n < 0:
@@ -125,11 +132,11 @@ def plan_read(cache: KVCache, r: StateReader, seq: int | None) -> Commit:
     shift = r.take_numpy("shift", "I32", (n,)).astype(np.int64)
     cell = r.take_numpy("cell", "I32", (n,)).astype(np.int64)
     kv: dict[str, torch.Tensor] = {}
-    tk, tv = r.layout["type_k"], r.layout["type_v"]
+    tk, tv = cache.params.type_k, cache.params.type_v  # the saved types: _check_layout compared them
     for il, nh, dk, dv in r.layout["layers"]:
-        kv[f"k.{il}"] = r.take_torch(f"k.{il}", tk, (n, nh, dk))
-        kv[f"v.{il}"] = r.take_torch(f"v.{il}", tv, (n, nh, dv))
-    if not all(bool(t.isfinite().all()) for t in kv.values()):
+        kv[f"k.{il}"] = r.take_torch(f"k.{il}", type_name(tk.dtype), (n, nh, tk.width(dk)))
+        kv[f"v.{il}"] = r.take_torch(f"v.{il}", type_name(tv.dtype), (n, nh, tv.width(dv)))
+    if not all(blocks_finite(t, tk if name[0] == "k" else tv) for name, t in kv.items()):
         # no decode writes these (a NaN row poisons every later logit of its sequence)
         raise StateError("corrupted state: K/V rows hold NaN or infinite values")
     n_seq = cache.params.n_seq_max

@@ -38,6 +38,11 @@ class KVCells:
     """The cells of one stream."""
 
     EMPTY = EMPTY  # the position of an empty cell
+    CELL_BYTES = 24  # a cell's position, sequence set and pending shift: 8 bytes each
+
+    def nbytes(self) -> int:
+        """Bytes of this stream's bookkeeping."""
+        return self.pos.nbytes + self.seq.nbytes + self.shift.nbytes
 
     def __init__(self, size: int) -> None:
         self.size = size

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from kvtool.kernels import rms_norm_cpu, rope_store_cpu
 from kvtool.kernels.attention import attention, attention_cells
 from kvtool.kernels.attention_softcap import attention_softcap
+from kvtool.kernels.hadamard import fwht
 from kvtool.kernels.store_kv import store_kv
 from kvtool.memory.kv_cache_context import KVView
 from kvtool.models.linear import Linear, LinearGroup, glu_native
@@ -97,19 +98,18 @@ def attend(
 
     q [n, n_head, d_k], k [n, n_head_kv, d_k], v [n, n_head_kv, d_v] -> [n, n_head * d_v]; k and v
     may also come as rows [n, n_head_kv * d] (what the cache stores: no reshape back and forth).
-    The cache is read in its own type (f16/bf16/f32): the kernel upcasts inside. `softcap`: the
-    scores are soft-capped (kernels/attention_softcap.py)."""
+    The cache is read in its own type (f16/bf16/f32, or a quantized type's blocks): the kernel
+    converts inside. Where the view asks for llama.cpp's Hadamard rotation, Q and K are rotated
+    before K is stored, V before it is stored and the output back. `softcap`: the scores are
+    soft-capped (kernels/attention_softcap.py)."""
     n = q.shape[0]
-    store_kv(view.k_rows, k if k.dim() == 2 else k.reshape(n, -1), view.rows)
-    store_kv(view.v_rows, v if v.dim() == 2 else v.reshape(n, -1), view.rows)
-    if softcap:
-        n_s = view.streams.stop - view.streams.start
-        qs = q.reshape(n_s, n // n_s, q.shape[1], q.shape[2])
-        ks, vs = view.attended()
-        seen = view.cells if view.cells is not None else view.mask
-        assert seen is not None
-        return attention_softcap(qs, ks, vs, seen, scale, softcap).reshape(n, -1)
-    return _attend_stored(view, q, scale)
+    if view.rot_k:
+        q, k = fwht(q, view.rot_k), fwht(k, view.rot_k)
+    if view.rot_v:
+        v = fwht(v, view.rot_v)
+    store_kv(view.k_rows, k if k.dim() == 2 else k.reshape(n, -1), view.rows, view.type_k)
+    store_kv(view.v_rows, v if v.dim() == 2 else v.reshape(n, -1), view.rows, view.type_v)
+    return _attend_stored(view, q, scale, softcap)
 
 
 def rope_attend(
@@ -126,22 +126,35 @@ def rope_attend(
     the CPU the rotation and the K/V store are one compiled call (kernels/rope_store_cpu.c,
     which rotates q and k in place), else op by op."""
     n = q.shape[0]
-    if rot.cs is not None and rope_store_cpu.applies(q, k, v, view.k_rows, view.v_rows):
+    if rot.cs is not None and rope_store_cpu.applies(
+        q, k, v, view.k_rows, view.v_rows, view.type_k, view.type_v
+    ):
         cs, k_rows, v_rows = rot.cs, view.k_rows, view.v_rows
-        rope_store_cpu.rope_store(q, k, v, head_dim, cs, rope.n_rot, rope.neox, k_rows, v_rows, view.rows)
+        rope_store_cpu.rope_store(
+            q, k, v, head_dim, cs, rope.n_rot, rope.neox, k_rows, v_rows, view.rows,
+            view.type_k, view.type_v, view.rot_k, view.rot_v,
+        )  # fmt: skip
         return _attend_stored(view, q.view(n, -1, head_dim), scale)
     q = apply_rope(q.reshape(n, -1, head_dim), rot, rope)
     k = apply_rope(k.reshape(n, -1, head_dim), rot, rope)
     return attend(view, q, k, v, scale)
 
 
-def _attend_stored(view: KVView, q: torch.Tensor, scale: float) -> torch.Tensor:
-    # the ubatch's K/V rows are in the cache: attend per stream
+def _attend_stored(view: KVView, q: torch.Tensor, scale: float, softcap: float = 0.0) -> torch.Tensor:
+    # the ubatch's K/V rows are in the cache (q rotated where the view asks): attend per stream
     n = q.shape[0]
     n_s = view.streams.stop - view.streams.start
     qs = q.reshape(n_s, n // n_s, q.shape[1], q.shape[2])  # [n_stream_ub, n / n_stream_ub, n_head, d_k]
-    ks, vs = view.attended()  # [n_stream_ub, n_kv, n_head_kv, d]
-    if view.cells is not None:  # on CUDA: the kernel decides visibility from the cells
-        return attention_cells(qs, ks, vs, view.cells, scale).reshape(n, -1)
-    assert view.mask is not None
-    return attention(qs, ks, vs, view.mask, scale).reshape(n, -1)
+    ks, vs = view.attended()  # [n_stream_ub, n_kv, n_head_kv, d (a quantized type: its blocks' bytes)]
+    tk, tv = view.type_k, view.type_v
+    if softcap:
+        seen = view.cells if view.cells is not None else view.mask
+        assert seen is not None
+        out = attention_softcap(qs, ks, vs, seen, scale, softcap, tk, tv)
+    elif view.cells is not None:  # on CUDA: the kernel decides visibility from the cells
+        out = attention_cells(qs, ks, vs, view.cells, scale, tk, tv)
+    else:
+        assert view.mask is not None
+        out = attention(qs, ks, vs, view.mask, scale, tk, tv)
+    out = out.reshape(n, -1)
+    return fwht(out, view.rot_v) if view.rot_v else out

@@ -8,12 +8,19 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 import kvtool
 import kvtool.memory_estimate as me
+from kvtool.batch import Split, UBatch
+from kvtool.memory.base import Commit, PartBatches, SeqOp, SeqOps
+from kvtool.memory.composite import Composite
+from kvtool.memory.sizes import MemoryBreakdown
+from kvtool.memory.spec import KVSpec, MemoryParams
 
 MODELS = Path(__file__).parent.parent / "data" / "tiny" / "models"
 KVTOOL = [sys.executable, "-m", "kvtool.commands"]
@@ -51,10 +58,98 @@ def test_estimate_matches_what_the_context_allocates(arch: str, unified: bool) -
     p = kvtool.ContextParams(n_ctx=1024, n_seq_max=2, kv_unified=unified, type_k="f16", n_rs_seq=2)
     ctx = kvtool.Context(model, p)
     est = ctx.memory_estimate
-    meta = 2 * 2 * ctx.n_ctx_seq * me._CELL_META  # cell bookkeeping: numpy, not tensors
+    held = ctx.memory_breakdown()
     got = _tensor_bytes(ctx.memory)
+    cells = sum(b.cells for b in held.kv)  # the cells' bookkeeping: numpy, not tensors
     assert got > 0
-    assert got <= est.kv + est.recurrent <= got + meta
+    assert held.total - cells == got
+    assert (est.kv, est.recurrent) == (held.kv_bytes, held.recurrent)
+
+
+@pytest.mark.parametrize(("type_k", "type_v"), [("q8_0", "q4_0"), ("iq4_nl", "f32"), ("bf16", "q5_1")])
+def test_estimate_uses_the_cache_types(type_k: str, type_v: str) -> None:
+    """K and V take their types' bytes: 34 per 32 values for q8_0, 18 for q4_0, ..."""
+    model = kvtool.Model(MODELS / "tiny-gemma3.gguf")  # head size 32: every type fits
+    p = kvtool.ContextParams(n_ctx=512, n_seq_max=2, type_k=type_k, type_v=type_v)
+    ctx = kvtool.Context(model, p)
+    held = ctx.memory_breakdown()
+    assert _tensor_bytes(ctx.memory) == held.total - sum(b.cells for b in held.kv)
+    per = {"f32": 128, "bf16": 64, "q8_0": 34, "q4_0": 18, "q5_1": 24, "iq4_nl": 18}  # bytes per 32 values
+    hp = model.hparams
+    for b in held.kv:
+        rows = b.n_stream * b.n_cells * b.n_layer * hp.n_head_kv[0]
+        assert b.k == rows * hp.head_dim_k // 32 * per[type_k]
+        assert b.v == rows * hp.head_dim_v // 32 * per[type_v]
+        assert (b.type_k, b.type_v) == (type_k, type_v)
+    assert ctx.memory_estimate.kv == held.kv_bytes
+
+
+def test_a_block_that_does_not_tile_a_head_is_refused_before_allocating(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """llama.cpp's words, before any tensor exists (tiny llama's heads are 16 values)."""
+    model = kvtool.Model(MODELS / "tiny-llama.gguf")
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: pytest.fail("allocated"))
+    with pytest.raises(
+        kvtool.KvtoolError, match="K cache type q8_0 with block size 32 does not divide n_embd_head_k=16"
+    ):
+        kvtool.Context(model, kvtool.ContextParams(n_ctx=256, type_k="q8_0", type_v="f16"))
+    with pytest.raises(kvtool.KvtoolError, match=r"V cache type iq4_nl .* n_embd_head_v=16"):
+        kvtool.Context(model, kvtool.ContextParams(n_ctx=256, type_v="iq4_nl"))
+    with pytest.raises(kvtool.KvtoolError, match=r"unsupported KV cache type 'q3_k' \(f32, f16, bf16, q8_0"):
+        kvtool.Context(model, kvtool.ContextParams(n_ctx=256, type_k="q3_k"))
+
+
+# -- a memory kind the estimate has never seen: its own sizes count, no edit elsewhere ------------
+class Ledger(SeqOps, PartBatches):
+    """A toy memory part without layers that holds `n_bytes` per sequence (a numpy ledger)."""
+
+    kind = "ledger"
+    layers: frozenset[int] = frozenset()
+    split = Split.SIMPLE
+
+    def __init__(self, n_seq_max: int, n_bytes: int) -> None:
+        self.book = np.zeros((n_seq_max, n_bytes), dtype=np.uint8)
+
+    def plan(self, op: SeqOp) -> Commit:
+        return lambda: None
+
+    def memory_breakdown(self) -> MemoryBreakdown:
+        return MemoryBreakdown(recurrent=self.book.nbytes)
+
+    def prepare(self, ubatches: list[UBatch]) -> object:
+        return ubatches
+
+    def context(self, ubatches: list[UBatch], plan: object) -> Any:
+        raise NotImplementedError  # never decoded here
+
+
+class LedgerSpec:
+    """The model's own KV layers beside a ledger."""
+
+    def __init__(self, inner: KVSpec, n_bytes: int) -> None:
+        self.inner, self.n_bytes = inner, n_bytes
+
+    def build(self, params: MemoryParams) -> Composite:
+        return Composite({"kv": self.inner.build(params), "ledger": Ledger(params.n_seq_max, self.n_bytes)})
+
+    def memory_breakdown(self, params: MemoryParams) -> MemoryBreakdown:
+        ledger = MemoryBreakdown(recurrent=params.n_seq_max * self.n_bytes)
+        return self.inner.memory_breakdown(params) + ledger
+
+
+def test_a_new_memory_kind_gets_its_estimate_from_its_own_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = kvtool.Model(MODELS / "tiny-llama.gguf")
+    kv_only = kvtool.Context(model, kvtool.ContextParams(n_ctx=256, n_seq_max=4)).memory_estimate
+    inner = model.memory_spec()
+    monkeypatch.setattr(model, "memory_spec", lambda: LedgerSpec(inner, 3 << 20))
+    ctx = kvtool.Context(model, kvtool.ContextParams(n_ctx=256, n_seq_max=4))
+    assert ctx.memory_estimate.recurrent == ctx.memory_breakdown().recurrent == 4 * (3 << 20)
+    assert ctx.memory_estimate.kv == kv_only.kv and kv_only.recurrent == 0
+    # the ledger's bytes take part in the "does not fit" check
+    monkeypatch.setattr(me, "available_memory", lambda device="cpu": ctx.memory_estimate.total - (6 << 20))
+    with pytest.raises(kvtool.KvtoolError, match=r"recurrent 12\.0 MiB"):
+        kvtool.Context(model, kvtool.ContextParams(n_ctx=256, n_seq_max=4))
 
 
 def test_a_context_that_cannot_fit_is_refused_before_allocating(monkeypatch: pytest.MonkeyPatch) -> None:

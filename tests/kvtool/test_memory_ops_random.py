@@ -25,6 +25,8 @@ from tests.helpers.tiny_gguf import TinyLlama, spm_vocab, write_tiny_llama
 N_VOCAB = len(spm_vocab()[0])
 N_SEQ = 4
 TOL = {"llama": dict(rtol=1e-4, atol=1e-4), "gemma3": dict(rtol=2e-3, atol=2e-3)}  # gemma3: fp16 GELU
+# f32 caches: a shifted K row is re-rotated exactly only if it is not rounded again
+F32 = {"type_k": "f32", "type_v": "f32"}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -50,7 +52,7 @@ def reference(model: kvtool.Model, cells: list[tuple[int, int]], query: int, qpo
     """The logits of `query` at `qpos` over a sequence holding `cells` (token, pos), duplicate
     positions allowed: each token is decoded in a sequence of its own (1..63, one batch), then
     shared into sequence 0 of the one stream."""
-    ctx = Context(model, ContextParams(n_ctx=512, n_seq_max=64, kv_unified=True))
+    ctx = Context(model, ContextParams(n_ctx=512, n_seq_max=64, kv_unified=True, **F32))
     for i in range(0, len(cells), 63):
         chunk = cells[i : i + 63]
         b = Batch()
@@ -110,7 +112,9 @@ def test_random_seq_ops_then_decode(
 ) -> None:
     model, tol = models[name], TOL[name]
     rng = random.Random(seed)
-    ctx = Context(model, ContextParams(n_ctx=256 if unified else 1024, n_seq_max=N_SEQ, kv_unified=unified))
+    ctx = Context(
+        model, ContextParams(n_ctx=256 if unified else 1024, n_seq_max=N_SEQ, kv_unified=unified, **F32)
+    )
     ref = RefMemory(ctx.n_ctx_seq, N_SEQ, unified)
     b = Batch()
     for s in range(N_SEQ):

@@ -28,10 +28,10 @@ from kvtool.batch import DecodeError, Split
 from kvtool.memory.base import (
     Clear,
     Commit,
-    MemoryBreakdown,
     MemoryRefused,
     NoUpdate,
     PartBatches,
+    PartBreakdown,
     SeqAdd,
     SeqCp,
     SeqDiv,
@@ -46,6 +46,7 @@ from kvtool.memory.recurrent.context import RecurrentContext
 from kvtool.memory.recurrent.state_part import read_state, write_state
 from kvtool.memory.recurrent.states import RSStates, Snapshot
 from kvtool.memory.recurrent.view import RSLayerSpec
+from kvtool.memory.sizes import MemoryBreakdown
 
 if TYPE_CHECKING:
     from kvtool.batch import UBatch
@@ -64,6 +65,11 @@ class RecurrentSpec:
     def build(self, params: MemoryParams) -> RecurrentMemory:
         """n_seq_max state slots (KV sizes and kv_unified do not apply), n_rs_seq snapshots."""
         return RecurrentMemory(self.layers, max(1, params.n_seq_max), params.n_rs_seq, params.device)
+
+    def memory_breakdown(self, params: MemoryParams) -> MemoryBreakdown:
+        """Every slot's F32 states and snapshots (RSStates)."""
+        per_slot = 4 * (1 + params.n_rs_seq) * sum(s.numel() for s in self.layers.values())
+        return MemoryBreakdown(recurrent=max(1, params.n_seq_max) * per_slot)
 
 
 @dataclass
@@ -103,9 +109,9 @@ class RecurrentMemory(PartBatches, SeqOps):
     def layers(self) -> frozenset[int]:
         return frozenset(self.specs)
 
-    def state_bytes_per_seq(self) -> int:
-        """Bytes of state one sequence holds (its slot and its rollback snapshots)."""
-        return 4 * (1 + self.n_rs_seq) * sum(s.numel() for s in self.specs.values())
+    def memory_breakdown(self) -> MemoryBreakdown:
+        """The bytes of the states allocated (current and snapshots, every slot)."""
+        return MemoryBreakdown(recurrent=self.states.nbytes())
 
     # -- slots --------------------------------------------------------------------------------
     def own_slot(self, seq: int) -> int:
@@ -144,9 +150,9 @@ class RecurrentMemory(PartBatches, SeqOps):
     def n_used(self) -> int:
         return self.cells.n_used()
 
-    def breakdown(self) -> list[MemoryBreakdown]:
+    def breakdown(self) -> list[PartBreakdown]:
         nbytes = sum(t.nbytes for ts in self.states.t.values() for t in ts.values())
-        return [MemoryBreakdown("", "recurrent", nbytes, self.n_seq_max, (self.n_used(),))]
+        return [PartBreakdown("", "recurrent", nbytes, self.n_seq_max, (self.n_used(),))]
 
     def init_update(self, optimize: bool = False) -> NoUpdate:
         return NoUpdate()

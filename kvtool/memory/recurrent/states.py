@@ -33,6 +33,9 @@ class RSStates:
             "hssm": {il: zeros(n, k, *s.ssm_shape) for il, s in layers.items()},
         }
 
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for ts in self.t.values() for t in ts.values())
+
     def snapshot(self, slot: int) -> Snapshot:
         return {name: {il: t[slot].clone() for il, t in ts.items()} for name, ts in self.t.items()}
 

