@@ -1,12 +1,14 @@
-/* Attention for a few query rows per stream (decode), on the CPU pool: the contract of
- * attention_ref in kernels/attention.py, which is its specification.
+/* Attention over a KV cache on the CPU pool: the contract of attention_ref in
+ * kernels/attention.py, which is its specification.
  *
  * out[s, i, h] = softmax_c(scale * q[s, i, h] . k[s, c, h / g] + mask[s, i, c]) v[s, c, h / g]
  * with g = H / Hkv query heads per KV head; a key whose mask is -inf is skipped without being
- * read; a row that sees no key is zeros. K and V are read in their cache type (f32, f16, bf16)
- * at any strides with a contiguous last dimension, so the cache is never copied. One task item
- * per (stream, query head): scores into a buffer, their maximum, exp and sum, then the weighted
- * sum of V rows. */
+ * read; a row that sees no key is zeros. K and V are read in their cache types, each its own
+ * (f32, f16, bf16, or the GGUF blocks of a quantized type, kv_blocks.h), at any strides with a
+ * contiguous last dimension, so the cache is never copied or dequantized as a whole. Over a
+ * quantized K the query row is quantized to q8_0/q8_1 and each key is an integer dot product
+ * per block, as ggml's CPU flash attention computes it. One task item per (stream, query head):
+ * scores into a buffer, their maximum, exp and sum, then the weighted sum of V rows. */
 
 #include <math.h>
 #include <stdint.h>
@@ -16,22 +18,22 @@
 #include "cpu_half.h"
 #include "cpu_kernels.h"
 #include "cpu_pool.h"
+#include "kv_blocks.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define KV_AVX2 1
 #endif
 
-enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
-
-static int elem_size(int type) { return type == KV_F32 ? 4 : 2; }
+/* Bytes of one element of a cache tensor of `type` (a quantized cache: its bytes). */
+static inline int elem_size(int type) { return type == KV_F32 ? 4 : kv_quantized(type) ? 1 : 2; }
 
 typedef struct {
     const float *q;
     int64_t sq_s, sq_i, sq_h;
-    const uint8_t *k, *v; /* bytes; strides below in elements */
+    const uint8_t *k, *v; /* bytes; strides below in elements of each tensor */
     int64_t sk_s, sk_c, sk_h, sv_s, sv_c, sv_h;
-    int kv_type;
+    int k_type, v_type;
     const float *mask;
     int64_t sm_s, sm_i;
     float *out; /* [S, n_q, H, Dv] contiguous */
@@ -40,7 +42,13 @@ typedef struct {
     float softcap; /* scores soft-capped: cap * tanh(score / cap) before the mask (Gemma 2); 0: not */
 } attn_t;
 
-/* Element j of a row of the cache type. */
+/* A query row quantized for a quantized K (kvb_quantize_q). */
+typedef struct {
+    int8_t *q;
+    float *d, *s;
+} qrow_t;
+
+/* Element j of a row of a float type. */
 static inline float load1(const uint8_t *row, int type, int64_t j) {
     uint16_t h;
     switch (type) {
@@ -63,7 +71,7 @@ static inline float load1(const uint8_t *row, int type, int64_t j) {
 }
 
 #ifdef KV_AVX2
-/* Elements j .. j + 7 of a row of the cache type, as floats. */
+/* Elements j .. j + 7 of a row of a float type, as floats. */
 static inline __m256 load8(const uint8_t *row, int type, int64_t j) {
     switch (type) {
     case KV_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * j)));
@@ -96,14 +104,54 @@ static inline __attribute__((always_inline)) float dot_row(const float *q, const
     return sum;
 }
 
-static void axpy_row(float *acc, float w, const uint8_t *v, int type, int64_t Dv) {
-    int64_t j = 0;
-#ifdef KV_AVX2
-    const __m256 wv = _mm256_set1_ps(w);
-    for (; j + 8 <= Dv; j += 8)
-        _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(wv, load8(v, type, j), _mm256_loadu_ps(acc + j)));
-#endif
-    for (; j < Dv; j++) acc[j] += w * load1(v, type, j);
+/* K and V rows a head reads ahead of the one it computes with: each (stream, layer) is read
+ * once per step, from memory, a few hundred bytes a row at the cache's row stride. */
+#define KV_AHEAD 8
+
+static inline void prefetch_row(const uint8_t *p, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
+}
+
+/* sc[c] = scale * q . k[c] (soft-capped where A asks) + m[c] for the keys the mask shows (-inf
+ * for the others); returns the largest score. K of `type` (a constant in each inlined copy). */
+static inline __attribute__((always_inline)) float scores_of_type(const attn_t *A, const float *q, const qrow_t *Q,
+                                                                  const uint8_t *kb, const uint8_t *vb,
+                                                                  const float *m, float *sc, const int type) {
+    const int64_t kstride = A->sk_c * elem_size(type), vstride = A->sv_c * elem_size(A->v_type);
+    const int64_t kbytes = kv_row_bytes(type, A->D), vbytes = kv_row_bytes(A->v_type, A->Dv);
+    float mx = -INFINITY;
+    for (int64_t c = 0; c < A->n_kv; c++) {
+        if (c + KV_AHEAD < A->n_kv) { /* V too: the weighted sum reads it next */
+            prefetch_row(kb + (c + KV_AHEAD) * kstride, kbytes);
+            prefetch_row(vb + (c + KV_AHEAD) * vstride, vbytes);
+        }
+        if (m[c] == -INFINITY) {
+            sc[c] = -INFINITY;
+            continue;
+        }
+        const float dot = kv_quantized(type) ? kvb_dot_q(kb + c * kstride, type, Q->q, Q->d, Q->s, A->D)
+                                             : dot_row(q, kb + c * kstride, type, A->D);
+        sc[c] = dot * A->scale;
+        if (A->softcap != 0.0f) sc[c] = tanhf(sc[c] * (1.0f / A->softcap)) * A->softcap;
+        sc[c] += m[c];
+        if (sc[c] > mx) mx = sc[c];
+    }
+    return mx;
+}
+
+static float scores(const attn_t *A, const float *q, const qrow_t *Q, const uint8_t *kb, const uint8_t *vb,
+                    const float *m, float *sc) {
+    switch (A->k_type) { /* one copy of the loop per K type, the type a constant in each */
+    case KV_F16: return scores_of_type(A, q, Q, kb, vb, m, sc, KV_F16);
+    case KV_BF16: return scores_of_type(A, q, Q, kb, vb, m, sc, KV_BF16);
+    case KV_Q8_0: return scores_of_type(A, q, Q, kb, vb, m, sc, KV_Q8_0);
+    case KV_Q4_0: return scores_of_type(A, q, Q, kb, vb, m, sc, KV_Q4_0);
+    case KV_Q4_1: return scores_of_type(A, q, Q, kb, vb, m, sc, KV_Q4_1);
+    case KV_Q5_0: return scores_of_type(A, q, Q, kb, vb, m, sc, KV_Q5_0);
+    case KV_Q5_1: return scores_of_type(A, q, Q, kb, vb, m, sc, KV_Q5_1);
+    case KV_IQ4_NL: return scores_of_type(A, q, Q, kb, vb, m, sc, KV_IQ4_NL);
+    default: return scores_of_type(A, q, Q, kb, vb, m, sc, KV_F32);
+    }
 }
 
 /* w[c] = exp(sc[c] - mx), 0 where sc[c] is -inf; returns the sum of w. */
@@ -129,11 +177,21 @@ static float exp_row(float *w, const float *sc, float mx, int64_t n) {
     return sum;
 }
 
-/* o += sum_c w[c] v[c] over the rows with w[c] != 0, v rows `stride` bytes apart. 64 columns at
- * a time are kept in registers over all rows (an accumulator in memory would make every row
- * wait for the previous row's store). */
-static inline __attribute__((always_inline)) void weighted_sum(float *o, const float *w, const uint8_t *v, int64_t stride, int64_t n, int type,
-                         int64_t Dv) {
+static void axpy_row(float *acc, float w, const uint8_t *v, int type, int64_t Dv) {
+    int64_t j = 0;
+#ifdef KV_AVX2
+    const __m256 wv = _mm256_set1_ps(w);
+    for (; j + 8 <= Dv; j += 8)
+        _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(wv, load8(v, type, j), _mm256_loadu_ps(acc + j)));
+#endif
+    for (; j < Dv; j++) acc[j] += w * load1(v, type, j);
+}
+
+/* o += sum_c w[c] v[c] over the rows with w[c] != 0, V of a float type, rows `stride` bytes
+ * apart. 64 columns at a time are kept in registers over all rows (an accumulator in memory
+ * would make every row wait for the previous row's store). */
+static inline __attribute__((always_inline)) void sum_float(float *o, const float *w, const uint8_t *v,
+                                                             int64_t stride, int64_t n, int type, int64_t Dv) {
     int64_t j0 = 0;
 #ifdef KV_AVX2
     for (; j0 + 64 <= Dv; j0 += 64) {
@@ -155,48 +213,92 @@ static inline __attribute__((always_inline)) void weighted_sum(float *o, const f
     }
 }
 
-/* K and V rows a head reads ahead of the one it computes with: each (stream, layer) is read
- * once per step, from memory, a few hundred bytes a row at the cache's row stride. */
-#define KV_AHEAD 8
+#ifdef KV_AVX2
+/* The 8 floats of block values r*8 .. r*8 + 7 as ggml dequantizes them: d * q (+ m). */
+static inline __m256 dequant8(__m256i ints, int r, __m256 d, __m256 m, int affine) {
+    const __m128i half = r < 2 ? _mm256_castsi256_si128(ints) : _mm256_extracti128_si256(ints, 1);
+    const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32((r & 1) ? _mm_srli_si128(half, 8) : half));
+    return affine ? _mm256_fmadd_ps(f, d, m) : _mm256_mul_ps(f, d);
+}
+#endif
 
-static inline void prefetch_row(const uint8_t *p, int64_t bytes) {
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
+/* sum_float for a quantized V: each block of a row dequantized to floats (as ggml's to_float
+ * does) and added weighted, a block's 32 columns in registers over all rows. */
+static inline __attribute__((always_inline)) void sum_quant(float *o, const float *w, const uint8_t *v,
+                                                             int64_t stride, int64_t n, int type, int64_t Dv) {
+    const int bb = kv_unit_bytes(type);
+    for (int64_t b = 0; b < Dv / KV_QK; b++) {
+        float *ob = o + b * KV_QK;
+#ifdef KV_AVX2
+        __m256 a[4];
+        for (int r = 0; r < 4; r++) a[r] = _mm256_loadu_ps(ob + 8 * r);
+        for (int64_t c = 0; c < n; c++) {
+            if (w[c] == 0.0f) continue;
+            const uint8_t *blk = v + c * stride + b * bb;
+            const __m256i ints = kvb_decode8(blk, type);
+            const __m256 d = _mm256_set1_ps(kvb_half(blk));
+            const __m256 m = _mm256_set1_ps(kv_affine(type) ? kvb_half(blk + 2) : 0.0f);
+            const __m256 wv = _mm256_set1_ps(w[c]);
+            for (int r = 0; r < 4; r++) a[r] = _mm256_fmadd_ps(wv, dequant8(ints, r, d, m, kv_affine(type)), a[r]);
+        }
+        for (int r = 0; r < 4; r++) _mm256_storeu_ps(ob + 8 * r, a[r]);
+#else
+        int8_t q[KV_QK];
+        for (int64_t c = 0; c < n; c++) {
+            if (w[c] == 0.0f) continue;
+            float d, m;
+            kvb_decode(v + c * stride + b * bb, type, q, &d, &m);
+            for (int j = 0; j < KV_QK; j++) ob[j] += w[c] * (kv_affine(type) ? q[j] * d + m : q[j] * d);
+        }
+#endif
+    }
+}
+
+static void weighted_sum(const attn_t *A, float *o, const float *w, const uint8_t *vb) {
+    const int64_t stride = A->sv_c * elem_size(A->v_type), n = A->n_kv, Dv = A->Dv;
+    switch (A->v_type) { /* one copy per V type, as for the scores */
+    case KV_F16: sum_float(o, w, vb, stride, n, KV_F16, Dv); break;
+    case KV_BF16: sum_float(o, w, vb, stride, n, KV_BF16, Dv); break;
+    case KV_Q8_0: sum_quant(o, w, vb, stride, n, KV_Q8_0, Dv); break;
+    case KV_Q4_0: sum_quant(o, w, vb, stride, n, KV_Q4_0, Dv); break;
+    case KV_Q4_1: sum_quant(o, w, vb, stride, n, KV_Q4_1, Dv); break;
+    case KV_Q5_0: sum_quant(o, w, vb, stride, n, KV_Q5_0, Dv); break;
+    case KV_Q5_1: sum_quant(o, w, vb, stride, n, KV_Q5_1, Dv); break;
+    case KV_IQ4_NL: sum_quant(o, w, vb, stride, n, KV_IQ4_NL, Dv); break;
+    default: sum_float(o, w, vb, stride, n, KV_F32, Dv); break;
+    }
+}
+
+/* Per-task scratch: scores and weights over the keys, and the quantized query row. */
+static size_t scratch_bytes(int64_t n_kv, int64_t D) {
+    const int64_t n = n_kv > 0 ? n_kv : 1;
+    return sizeof(float) * (size_t)(2 * n + 2 * (D / KV_QK + 1)) + (size_t)D + 64;
 }
 
 /* Query heads [i0, i1) of the flattened (stream, head) items. */
-static inline __attribute__((always_inline)) void items_of_type(const attn_t *A, int64_t i0, int64_t i1,
-                                                                 const int type) {
-    const int es = elem_size(type);
-    float *sc = malloc(sizeof(float) * (size_t)(2 * (A->n_kv > 0 ? A->n_kv : 1)));
+static void attn_items(void *ctx, int64_t i0, int64_t i1) {
+    const attn_t *A = ctx;
+    const int64_t n = A->n_kv > 0 ? A->n_kv : 1, nb = A->D / KV_QK + 1;
+    float *sc = malloc(scratch_bytes(A->n_kv, A->D));
     if (!sc) return; /* the caller checked a buffer of this size could be had */
-    float *w = sc + (A->n_kv > 0 ? A->n_kv : 1);
+    float *w = sc + n;
+    qrow_t Q = {(int8_t *)(w + n + 2 * nb), w + n, w + n + nb};
+    const int qk = kv_quantized(A->k_type);
+    const int64_t ek = elem_size(A->k_type), ev = elem_size(A->v_type);
     for (int64_t it = i0; it < i1; it++) {
         const int64_t s = it / A->H, h = it % A->H, hk = h / A->g;
-        const uint8_t *kb = A->k + (s * A->sk_s + hk * A->sk_h) * es;
-        const uint8_t *vb = A->v + (s * A->sv_s + hk * A->sv_h) * es;
+        const uint8_t *kb = A->k + (s * A->sk_s + hk * A->sk_h) * ek;
+        const uint8_t *vb = A->v + (s * A->sv_s + hk * A->sv_h) * ev;
         for (int64_t i = 0; i < A->n_q; i++) {
             const float *q = A->q + s * A->sq_s + i * A->sq_i + h * A->sq_h;
             const float *m = A->mask + s * A->sm_s + i * A->sm_i;
             float *o = A->out + ((s * A->n_q + i) * A->H + h) * A->Dv;
             memset(o, 0, sizeof(float) * (size_t)A->Dv);
-            float mx = -INFINITY;
-            for (int64_t c = 0; c < A->n_kv; c++) {
-                if (c + KV_AHEAD < A->n_kv) { /* V too: the weighted sum reads it next */
-                    prefetch_row(kb + (c + KV_AHEAD) * A->sk_c * es, A->D * es);
-                    prefetch_row(vb + (c + KV_AHEAD) * A->sv_c * es, A->Dv * es);
-                }
-                if (m[c] == -INFINITY) {
-                    sc[c] = -INFINITY;
-                    continue;
-                }
-                sc[c] = dot_row(q, kb + c * A->sk_c * es, type, A->D) * A->scale;
-                if (A->softcap != 0.0f) sc[c] = tanhf(sc[c] * (1.0f / A->softcap)) * A->softcap;
-                sc[c] += m[c];
-                if (sc[c] > mx) mx = sc[c];
-            }
+            if (qk) kvb_quantize_q(q, A->D, Q.q, Q.d, Q.s);
+            const float mx = scores(A, q, &Q, kb, vb, m, sc);
             if (mx == -INFINITY) continue; /* sees no key: zeros */
             const float sum = exp_row(w, sc, mx, A->n_kv);
-            weighted_sum(o, w, vb, A->sv_c * es, A->n_kv, type, A->Dv);
+            weighted_sum(A, o, w, vb);
             const float inv = 1.0f / sum;
             for (int64_t j = 0; j < A->Dv; j++) o[j] *= inv;
         }
@@ -204,38 +306,22 @@ static inline __attribute__((always_inline)) void items_of_type(const attn_t *A,
     free(sc);
 }
 
-static void attn_items(void *ctx, int64_t i0, int64_t i1) {
-    const attn_t *A = ctx;
-    switch (A->kv_type) { /* one copy of the loops per cache type, the type a constant in each */
-    case KV_F16: items_of_type(A, i0, i1, KV_F16); break;
-    case KV_BF16: items_of_type(A, i0, i1, KV_BF16); break;
-    default: items_of_type(A, i0, i1, KV_F32); break;
-    }
-}
-
 /* See the file's comment; each score soft-capped at `softcap` unless it is 0 (Gemma 2: cap *
- * tanh(scale * q.k / cap), then the mask). Strides are in elements; q, mask and out are float32, k
- * and v of `kv_type`. Returns 0, or -1 for a bad call. */
-int kva_attention_softcap(const float *q, int64_t sq_s, int64_t sq_i, int64_t sq_h, const void *k, int64_t sk_s,
-                          int64_t sk_c, int64_t sk_h, const void *v, int64_t sv_s, int64_t sv_c, int64_t sv_h,
-                          int kv_type, const float *mask, int64_t sm_s, int64_t sm_i, float *out, int64_t S,
-                          int64_t n_q, int64_t H, int64_t Hkv, int64_t n_kv, int64_t D, int64_t Dv, float scale,
-                          float softcap) {
-    if (kv_type < KV_F32 || kv_type > KV_BF16 || S < 0 || n_q < 0 || Hkv < 1 || H % Hkv || n_kv < 0) return -1;
-    attn_t A = {q, sq_s, sq_i, sq_h, k, v, sk_s, sk_c, sk_h, sv_s, sv_c, sv_h, kv_type,
+ * tanh(scale * q.k / cap), then the mask). Strides are in elements of each tensor (bytes for a
+ * quantized type); q, mask and out are float32, k of `k_type` and v of `v_type` (kv_blocks.h's
+ * ids; a quantized type's rows of D or Dv values are whole blocks). Returns 0, or -1 for a bad call. */
+int kva_attention(const float *q, int64_t sq_s, int64_t sq_i, int64_t sq_h, const void *k, int64_t sk_s,
+                  int64_t sk_c, int64_t sk_h, const void *v, int64_t sv_s, int64_t sv_c, int64_t sv_h,
+                  int k_type, int v_type, const float *mask, int64_t sm_s, int64_t sm_i, float *out, int64_t S,
+                  int64_t n_q, int64_t H, int64_t Hkv, int64_t n_kv, int64_t D, int64_t Dv, float scale,
+                  float softcap) {
+    if (!kv_valid(k_type) || !kv_valid(v_type) || S < 0 || n_q < 0 || Hkv < 1 || H % Hkv || n_kv < 0) return -1;
+    if ((kv_quantized(k_type) && D % KV_QK) || (kv_quantized(v_type) && Dv % KV_QK)) return -1;
+    attn_t A = {q, sq_s, sq_i, sq_h, k, v, sk_s, sk_c, sk_h, sv_s, sv_c, sv_h, k_type, v_type,
                 mask, sm_s, sm_i, out, n_q, H, H / Hkv, n_kv, D, Dv, scale, softcap};
-    void *probe = malloc(sizeof(float) * (size_t)(2 * (n_kv > 0 ? n_kv : 1)));
+    void *probe = malloc(scratch_bytes(n_kv, D));
     if (!probe) return -1;
     free(probe);
     kv_parallel(attn_items, &A, S * H, 1);
     return 0;
-}
-
-/* kva_attention_softcap without a cap. */
-int kva_attention(const float *q, int64_t sq_s, int64_t sq_i, int64_t sq_h, const void *k, int64_t sk_s,
-                  int64_t sk_c, int64_t sk_h, const void *v, int64_t sv_s, int64_t sv_c, int64_t sv_h,
-                  int kv_type, const float *mask, int64_t sm_s, int64_t sm_i, float *out, int64_t S,
-                  int64_t n_q, int64_t H, int64_t Hkv, int64_t n_kv, int64_t D, int64_t Dv, float scale) {
-    return kva_attention_softcap(q, sq_s, sq_i, sq_h, k, sk_s, sk_c, sk_h, v, sv_s, sv_c, sv_h, kv_type, mask, sm_s,
-                                 sm_i, out, S, n_q, H, Hkv, n_kv, D, Dv, scale, 0.0f);
 }

@@ -25,20 +25,17 @@ int kvq_ffn_glu(const kvq_weight *gate_up, const kvq_weight *down, const float *
 int kvb_supported(int type);
 int kvb_matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, int nseg, int64_t row_bytes, int64_t k,
                const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy, const float *norm_w, float eps);
+int kvb_quantize_row(int type, const float *x, int64_t n, void *dst);
 
 int kvr_rope_store(float *q, int64_t ldq, int64_t n_head, float *k, int64_t ldk, int64_t n_head_kv, int64_t hd,
                    const float *v, int64_t ldv, int64_t width_v, int64_t n, const float *cs, int64_t ldcs,
-                   int64_t n_rot, int neox, void *k_cache, int64_t ld_kc, void *v_cache, int64_t ld_vc, int type,
-                   const int64_t *rows);
+                   int64_t n_rot, int neox, void *k_cache, int64_t ld_kc, void *v_cache, int64_t ld_vc, int k_type,
+                   int v_type, int64_t rot_k, int64_t rot_v, const int64_t *rows);
 
 int kva_attention(const float *q, int64_t sq_s, int64_t sq_i, int64_t sq_h, const void *k, int64_t sk_s,
                   int64_t sk_c, int64_t sk_h, const void *v, int64_t sv_s, int64_t sv_c, int64_t sv_h,
-                  int kv_type, const float *mask, int64_t sm_s, int64_t sm_i, float *out, int64_t S,
-                  int64_t n_q, int64_t H, int64_t Hkv, int64_t n_kv, int64_t D, int64_t Dv, float scale);
-int kva_attention_softcap(const float *q, int64_t sq_s, int64_t sq_i, int64_t sq_h, const void *k, int64_t sk_s,
-                          int64_t sk_c, int64_t sk_h, const void *v, int64_t sv_s, int64_t sv_c, int64_t sv_h,
-                          int kv_type, const float *mask, int64_t sm_s, int64_t sm_i, float *out, int64_t S,
-                          int64_t n_q, int64_t H, int64_t Hkv, int64_t n_kv, int64_t D, int64_t Dv, float scale,
-                          float softcap);
+                  int k_type, int v_type, const float *mask, int64_t sm_s, int64_t sm_i, float *out, int64_t S,
+                  int64_t n_q, int64_t H, int64_t Hkv, int64_t n_kv, int64_t D, int64_t Dv, float scale,
+                  float softcap);
 
 #endif

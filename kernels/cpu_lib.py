@@ -1,5 +1,5 @@
 """The compiled CPU kernels (cpu_pool.c, qmatmul.c, attention_cpu.c, rope_store_cpu.c,
-decoder_cpu.c): built once per machine, loaded with ctypes.
+kv_quant_cpu.c, decoder_cpu.c): built once per machine, loaded with ctypes.
 
 `cc -O3` for this CPU (`-march=native` on x86, `-mcpu=native` on ARM, as llama.cpp's native
 builds) builds every C file of this folder into one shared object in the user's cache
@@ -137,8 +137,21 @@ def load(path: Path) -> ctypes.CDLL | None:
         lib.kvq_ffn_glu.argtypes = [ptr, ptr, ptr, i64, i64, ptr, ptr, ctypes.c_float, ptr]
         lib.kvq_ffn_glu.restype = ctypes.c_int
         lib.kvr_rope_store.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, ptr, i64, i64, i64, ptr, i64, i64]
-        lib.kvr_rope_store.argtypes += [ctypes.c_int, ptr, i64, ptr, i64, ctypes.c_int, ptr]
+        lib.kvr_rope_store.argtypes += [
+            ctypes.c_int,
+            ptr,
+            i64,
+            ptr,
+            i64,
+            ctypes.c_int,
+            ctypes.c_int,
+            i64,
+            i64,
+            ptr,
+        ]
         lib.kvr_rope_store.restype = ctypes.c_int
+        lib.kvb_quantize_row.argtypes = [ctypes.c_int, ptr, i64, ptr]
+        lib.kvb_quantize_row.restype = ctypes.c_int
         lib.kvl_layers.argtypes = [ptr, ptr, i64, ptr, i64, ptr, i64]
         lib.kvl_layers.restype = ctypes.c_int
         lib.kvq_set_threads.argtypes = [ctypes.c_int]

@@ -17,6 +17,7 @@
 
 #include "cpu_half.h"
 #include "cpu_kernels.h"
+#include "kv_blocks.h"
 
 /* One layer's weights and shape. */
 typedef struct {
@@ -34,14 +35,15 @@ typedef struct {
     float softcap;         /* attention scores soft-capped (Gemma 2); 0: not */
     int qk_norm_all;       /* q_norm / k_norm over a row's whole Q and K (olmo2), not per head */
 } kvl_layer;
-/* One layer's cache: K [n_stream, n_cells, n_head_kv, hd_k] at element strides (s, c, h) with a
- * contiguous last dimension, V likewise; the cache row of (stream s, cell c) is s * n_cells + c,
- * `sk_c` elements apart (K) and `sv_c` (V). */
+/* One layer's cache: K [n_stream, n_cells, n_head_kv, hd_k] (a quantized type: a head's blocks
+ * as bytes) at element strides (s, c, h) with a contiguous last dimension, V likewise; the cache
+ * row of (stream s, cell c) is s * n_cells + c, `sk_c` elements apart (K) and `sv_c` (V). */
 typedef struct {
     void *k, *v;
     int64_t sk_s, sk_c, sk_h, sv_s, sv_c, sv_h;
     int64_t n_cells;
-    int type; /* 0 f32, 1 f16, 2 bf16 */
+    int type_k, type_v; /* kv_blocks.h's ids */
+    int64_t rot_k, rot_v; /* llama.cpp's Hadamard rotations (kvr_rope_store), 0: none */
 } kvl_cache;
 
 /* A view of the ubatch the layers share (one per kind of cache: Gemma's sliding-window layers
@@ -82,7 +84,8 @@ static int layer(const kvl_layer *L, const kvl_cache *C, const kvl_ubatch *U, fl
     const int64_t n = U->n, per = U->n / U->n_stream, n_embd = L->wo->n_out;
     const int64_t wq = L->n_head * L->hd_k, wk = L->n_head_kv * L->hd_k, wv = L->n_head_kv * L->hd_v;
     const int64_t ldqkv = wq + wk + wv;
-    const int es = C->type == 0 ? 4 : 2;
+    const int ek = C->type_k == KV_F32 ? 4 : kv_quantized(C->type_k) ? 1 : 2;
+    const int ev = C->type_v == KV_F32 ? 4 : kv_quantized(C->type_v) ? 1 : 2;
     /* Q|K|V stacked, or Q, K and V apart (each call norms x on its way in: 3 norms of one row) */
     int rc = kvq_matmul_ld(L->wqkv, x, ldx, n, qkv, ldqkv, L->attn_norm, L->eps);
     if (rc == 0 && L->wk) rc = kvq_matmul_ld(L->wk, x, ldx, n, qkv + wq, ldqkv, L->attn_norm, L->eps);
@@ -95,14 +98,16 @@ static int layer(const kvl_layer *L, const kvl_cache *C, const kvl_ubatch *U, fl
     if (L->q_norm) norm_heads(qkv, ldqkv, n, all ? 1 : L->n_head, all ? wq : L->hd_k, L->q_norm, L->eps);
     if (L->k_norm) norm_heads(qkv + wq, ldqkv, n, all ? 1 : L->n_head_kv, all ? wk : L->hd_k, L->k_norm, L->eps);
     rc = kvr_rope_store(qkv, ldqkv, L->n_head, qkv + wq, ldqkv, L->n_head_kv, L->hd_k, qkv + wq + wk, ldqkv, wv, n,
-                        U->cs, U->ldcs, L->n_rot, L->neox, C->k, C->sk_c, C->v, C->sv_c, C->type, U->rows);
+                        U->cs, U->ldcs, L->n_rot, L->neox, C->k, C->sk_c, C->v, C->sv_c, C->type_k, C->type_v,
+                        C->rot_k, C->rot_v, U->rows);
     if (rc) return rc;
-    const uint8_t *k0 = (const uint8_t *)C->k + U->stream0 * C->sk_s * es;
-    const uint8_t *v0 = (const uint8_t *)C->v + U->stream0 * C->sv_s * es;
-    rc = kva_attention_softcap(qkv, per * ldqkv, ldqkv, L->hd_k, k0, C->sk_s, C->sk_c, C->sk_h, v0, C->sv_s,
-                               C->sv_c, C->sv_h, C->type, U->mask, U->sm_s, U->sm_i, att, U->n_stream, per, L->n_head,
-                               L->n_head_kv, U->n_kv, L->hd_k, L->hd_v, L->scale, L->softcap);
+    const uint8_t *k0 = (const uint8_t *)C->k + U->stream0 * C->sk_s * ek;
+    const uint8_t *v0 = (const uint8_t *)C->v + U->stream0 * C->sv_s * ev;
+    rc = kva_attention(qkv, per * ldqkv, ldqkv, L->hd_k, k0, C->sk_s, C->sk_c, C->sk_h, v0, C->sv_s, C->sv_c,
+                       C->sv_h, C->type_k, C->type_v, U->mask, U->sm_s, U->sm_i, att, U->n_stream, per, L->n_head,
+                       L->n_head_kv, U->n_kv, L->hd_k, L->hd_v, L->scale, L->softcap);
     if (rc) return rc;
+    if (C->rot_v) kvb_fwht(att, n * L->n_head * L->hd_v, C->rot_v); /* the output rotated back */
     rc = kvq_matmul_w(L->wo, att, L->n_head * L->hd_v, n, y);
     if (rc) return rc;
     residual(x, ldx, y, n, n_embd, L->attn_post_norm, L->eps, L->res_scale);

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 
 from kvtool.kernels import attention_cpu, cpu_lib
+from kvtool.kernels.kv_quant import C_IDS, KV_TYPES, KVType
 from kvtool.kernels.qmatmul import QWeight
 
-_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
@@ -48,7 +48,8 @@ class _Cache(ctypes.Structure):  # kvl_cache
     _fields_ = [
         ("k", _ptr), ("v", _ptr),
         ("sk_s", _i64), ("sk_c", _i64), ("sk_h", _i64), ("sv_s", _i64), ("sv_c", _i64), ("sv_h", _i64),
-        ("n_cells", _i64), ("type", ctypes.c_int),
+        ("n_cells", _i64), ("type_k", ctypes.c_int), ("type_v", ctypes.c_int),
+        ("rot_k", _i64), ("rot_v", _i64),
     ]  # fmt: skip
 
 
@@ -99,10 +100,15 @@ class UBatchView:
 
 @dataclass
 class LayerCache:
-    """One layer's K and V caches [n_stream, n_cells, n_head_kv, head_dim] (f32, f16 or bf16)."""
+    """One layer's K and V caches [n_stream, n_cells, n_head_kv, head_dim] (a quantized type: a
+    head's blocks as bytes), their types, and llama.cpp's Hadamard rotations (0: none)."""
 
     k: torch.Tensor
     v: torch.Tensor
+    type_k: KVType = KV_TYPES["f16"]
+    type_v: KVType = KV_TYPES["f16"]
+    rot_k: int = 0
+    rot_v: int = 0
 
 
 class DecoderWeights:
@@ -153,14 +159,19 @@ class DecoderWeights:
         self._arr = arr
         self._base = ctypes.addressof(arr)
         self.n_layer = len(layers)
-        self._caches: dict[tuple[int, ...], tuple[list[weakref.ref[torch.Tensor]], ctypes.Array[_Cache]]] = {}
+        self._caches: dict[
+            tuple[object, ...], tuple[list[weakref.ref[torch.Tensor]], ctypes.Array[_Cache]]
+        ] = {}
 
     def _cache_structs(self, caches: Sequence[LayerCache]) -> ctypes.Array[_Cache] | None:
         """The caches' descriptions, made once per set of cache tensors: an entry is keyed by the
         tensors' identities and holds weak references to them, so a freed cache's address reused
         by another tensor never finds a stale description (and no cache is kept alive here)."""
         tensors = [t for c in caches for t in (c.k, c.v)]
-        key = tuple(map(id, tensors))
+        key = (
+            *map(id, tensors),
+            *(x for c in caches for x in (c.type_k.name, c.type_v.name, c.rot_k, c.rot_v)),
+        )
         hit = self._caches.get(key)
         if hit is not None and all(r() is t for r, t in zip(hit[0], tensors, strict=True)):
             return hit[1]
@@ -168,7 +179,7 @@ class DecoderWeights:
         for i, c in enumerate(caches):
             k, v = c.k, c.v
             ok = (
-                k.dim() == 4 and v.dim() == 4 and k.dtype in _TYPES and v.dtype == k.dtype
+                k.dim() == 4 and v.dim() == 4 and k.dtype == c.type_k.dtype and v.dtype == c.type_v.dtype
                 and k.device.type == "cpu" and v.device.type == "cpu"
                 and k.stride(3) == 1 and v.stride(3) == 1
                 and k.stride(0) == k.shape[1] * k.stride(1) and v.stride(0) == v.shape[1] * v.stride(1)
@@ -178,7 +189,8 @@ class DecoderWeights:
                 return None
             arr[i] = _Cache(
                 k.data_ptr(), v.data_ptr(), k.stride(0), k.stride(1), k.stride(2),
-                v.stride(0), v.stride(1), v.stride(2), k.shape[1], _TYPES[k.dtype],
+                v.stride(0), v.stride(1), v.stride(2), k.shape[1], C_IDS[c.type_k.name], C_IDS[c.type_v.name],
+                c.rot_k, c.rot_v,
             )  # fmt: skip
         if len(self._caches) >= 8:  # contexts come and go: keep the recent ones
             self._caches.clear()

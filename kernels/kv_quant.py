@@ -75,6 +75,10 @@ KV_TYPES: dict[str, KVType] = {
 }
 
 
+# each type's id in the compiled CPU kernels (kernels/kv_blocks.h)
+C_IDS = {"f32": 0, "f16": 1, "bf16": 2, "q8_0": 3, "q4_0": 4, "q4_1": 5, "q5_0": 6, "q5_1": 7, "iq4_nl": 8}
+
+
 def kv_type(name: str) -> KVType:
     """The type named `name`; ValueError for an unknown one."""
     t = KV_TYPES.get(name)

@@ -108,5 +108,5 @@ def compiled_layers(
         v, c = first[u], cs[u]
         assert v.mask is not None and c is not None
         shared.append(UBatchView(v.rows, v.streams.start, c, v.mask.mask))
-    caches = [LayerCache(v.k, v.v) for v in views]
+    caches = [LayerCache(v.k, v.v, v.type_k, v.type_v, v.rot_k, v.rot_v) for v in views]
     return n if decoder.run(x, 0, caches, shared) else 0

@@ -12,10 +12,15 @@ from kvtool import Batch, Context, ContextParams, Model
 from kvtool.kernels.decoder_cpu import DecoderWeights
 
 
-def decode_script(model: Model, kv_unified: bool, cache_type: str, steps: int = 4) -> list[torch.Tensor]:
+def decode_script(
+    model: Model, kv_unified: bool, cache_type: str, steps: int = 4, type_v: str | None = None
+) -> list[torch.Tensor]:
     """Every batch's logits: prompts of 20, 5 and 3 tokens (outputs the last two), `steps` steps of
-    one token of each sequence, then two tokens of sequence 1 (only the second an output)."""
-    p = ContextParams(n_ctx=256, n_seq_max=4, kv_unified=kv_unified, type_k=cache_type, type_v=cache_type)
+    one token of each sequence, then two tokens of sequence 1 (only the second an output). K of
+    `cache_type`, V of `type_v` (the same by default)."""
+    p = ContextParams(
+        n_ctx=256, n_seq_max=4, kv_unified=kv_unified, type_k=cache_type, type_v=type_v or cache_type
+    )
     ctx = Context(model, p)
     out = []
 

@@ -55,6 +55,7 @@ def test_what_it_does_not_take() -> None:
     q, k = torch.randn(1, 1, 2, 8), torch.randn(1, 4, 2, 8)
     assert not attention_cpu.applies(q.double(), k, k)
     assert not attention_cpu.applies(torch.randn(1, attention_cpu.MAX_ROWS + 1, 2, 8), k, k)
-    assert not attention_cpu.applies(q, k, k.half())
+    assert attention_cpu.applies(q, k, k.half())  # K and V types are independent
+    assert not attention_cpu.applies(q, k, k.to(torch.uint8))  # blocks, but of which type?
     with pytest.raises(ValueError, match="mask"):
         attention_cpu.attention_cpu(q, k, k, torch.zeros(1, 1, 3), 1.0)

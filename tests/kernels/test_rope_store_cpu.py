@@ -80,7 +80,8 @@ def test_what_it_does_not_take() -> None:
     q, k = torch.randn(2, 8), torch.randn(2, 4)
     cache = torch.zeros(4, 4)
     assert not rope_store_cpu.applies(q.double(), k, k, cache, cache)
-    assert not rope_store_cpu.applies(q, k, k, cache, cache.half())
+    assert rope_store_cpu.applies(q, k, k, cache, cache.half())  # K and V types are independent
+    assert not rope_store_cpu.applies(q, k, k, cache, cache.to(torch.uint8))  # blocks of which type?
     assert not rope_store_cpu.applies(q, k, k, torch.zeros(4, 6), cache)
     assert not rope_store_cpu.applies(q, k.t(), k, cache, cache)
     with pytest.raises(ValueError, match="bad call"):

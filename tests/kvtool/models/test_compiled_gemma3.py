@@ -59,3 +59,24 @@ def test_compiled_gemma3_layers_match_the_op_by_op_forward(
         # one 8-bit quantum of an activation moved by the norms' summation order, under 1 %
         torch.testing.assert_close(a, b, rtol=0, atol=0.01 * float(b.abs().max()))
         assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+# A quantized cache turns the norms' rounding differences into whole quantization steps of a few
+# query and key elements (an 8-bit step is 0.8 % of its block's range, a 4-bit one 7 %): the
+# logits stay within this share of their largest, and every argmax agrees.
+QUANT_BOUND = {"q8_0": 0.02, "q4_0": 0.06, "q4_1": 0.06, "iq4_nl": 0.06}
+
+
+@pytest.mark.parametrize("cache_type", sorted(QUANT_BOUND))
+def test_compiled_gemma3_layers_over_quantized_caches(model_path: Path, cache_type: str) -> None:
+    model = Model(model_path)
+    dec = model.impl.decoder
+    assert dec is not None
+    ran = count_runs(dec)
+    compiled = decode_script(model, False, cache_type, steps=8)
+    model.impl.decoder = None
+    op_by_op = decode_script(model, False, cache_type, steps=8)
+    assert ran == expected_runs(model.hparams.n_layer, steps=8)
+    for a, b in zip(compiled, op_by_op, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=QUANT_BOUND[cache_type] * float(b.abs().max()))
+        assert torch.equal(a.argmax(-1), b.argmax(-1))

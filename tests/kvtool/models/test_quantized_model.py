@@ -85,6 +85,36 @@ def test_compiled_decoder_layers_give_the_op_by_op_bits(
         assert torch.equal(a, b)
 
 
+@pytest.fixture(scope="module")
+def model_hd64_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Heads of 64 values: every quantized cache type fits, with llama.cpp's Hadamard rotation."""
+    cfg = tiny_gguf.TinyLlama(n_embd=128, n_head=2, n_head_kv=1, n_ff=96, seed=3)
+    with quantizing(_qtype):
+        return tiny_gguf.write_tiny_llama(Path(tmp_path_factory.mktemp("q")) / "tiny-hd64.gguf", cfg)
+
+
+@pytest.mark.parametrize("kv_unified", [False, True])
+@pytest.mark.parametrize(
+    ("type_k", "type_v"),
+    [("q8_0", "q8_0"), ("q4_0", "q5_1"), ("iq4_nl", "f16"), ("f32", "q4_1"), ("q5_0", "bf16")],
+)
+def test_compiled_decoder_layers_over_quantized_caches_give_the_op_by_op_bits(
+    model_hd64_path: Path, kv_unified: bool, type_k: str, type_v: str
+) -> None:
+    """Blocks stored, read and rotated (K and V each where quantized) in the compiled call as op
+    by op: the same bits."""
+    model = Model(model_hd64_path)
+    dec = model.impl.decoder
+    assert dec is not None
+    ran = count_runs(dec)
+    compiled = decode_script(model, kv_unified, type_k, type_v=type_v)
+    model.impl.decoder = None
+    op_by_op = decode_script(model, kv_unified, type_k, type_v=type_v)
+    assert ran == expected_runs(model.hparams.n_layer)
+    for a, b in zip(compiled, op_by_op, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_compiled_decoder_layers_across_contexts_of_other_shapes(model_path: Path) -> None:
     """One model, contexts made and dropped one after another (a new cache may reuse a freed
     one's address with other strides): each gets descriptions of its own cache."""

@@ -1,0 +1,130 @@
+"""The compiled CPU kernels over every K/V cache type, native and portable builds, against their
+torch specifications: the store (kv_quant_cpu.c) is kv_quant.quantize byte for byte; rope +
+Hadamard rotation + store (rope_store_cpu.c) has op by op's bits; attention (attention_cpu.c)
+over quantized blocks is attention_ref with the query quantized as ggml's flash attention
+quantizes it, K and V each of its own type."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from kvtool.kernels import attention_cpu, cpu_lib, rope_store_cpu
+from kvtool.kernels.attention import attention_ref
+from kvtool.kernels.hadamard import fwht
+from kvtool.kernels.kv_quant import C_IDS, KV_TYPES, KVType, quantize
+from kvtool.kernels.store_kv import store_kv_ref
+from kvtool.models.rope import RopeParams
+from tests.kernels.test_rope_store_cpu import pair_formula
+
+pytestmark = pytest.mark.skipif(cpu_lib.lib() is None, reason="no C compiler: the kernels are not built")
+
+TYPES = list(KV_TYPES.values())
+
+
+def values(n: int, width: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, width, generator=gen) * (10.0 ** torch.randint(-3, 3, (n, 1), generator=gen))
+    x[0, :32] = 0.0  # an empty block
+    x[1, 3] = 1e-7  # a half subnormal of a scale
+    return x
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_store_is_the_reference_quantizer(lib: ctypes.CDLL, t: KVType) -> None:
+    x = values(9, 128, seed=t.ggml)
+    want = quantize(x, t)
+    got = torch.zeros_like(want)
+    for i in range(len(x)):
+        assert lib.kvb_quantize_row(C_IDS[t.name], x[i].data_ptr(), 128, got[i].data_ptr()) == 0
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    if t.quantized:
+        assert lib.kvb_quantize_row(C_IDS[t.name], x[0].data_ptr(), 48, got[0].data_ptr()) == -1
+
+
+@pytest.mark.parametrize(
+    ("tk", "tv"), [("q8_0", "q8_0"), ("q4_0", "f16"), ("f32", "iq4_nl"), ("q5_1", "q4_1")]
+)
+@pytest.mark.parametrize(("rot_k", "rot_v"), [(0, 0), (64, 64), (128, 64)])
+def test_rope_rotation_and_store_have_op_by_op_bits(
+    lib: ctypes.CDLL, tk: str, tv: str, rot_k: int, rot_v: int
+) -> None:
+    tk_, tv_ = KV_TYPES[tk], KV_TYPES[tv]
+    n, H, Hkv, hd = 5, 4, 2, 128
+    rope = RopeParams(n_rot=hd, base=10000.0, neox=True)
+    rot = rope.rotation(torch.tensor([0, 3, 17, 250, 4000]))
+    gen = torch.Generator().manual_seed(rot_k + rot_v)
+    qkv = torch.randn(n, (H + 2 * Hkv) * hd, generator=gen) * 3
+    q, k, v = qkv.split([H * hd, Hkv * hd, Hkv * hd], dim=1)
+    cache_k = torch.zeros(16, tk_.width(Hkv * hd), dtype=tk_.dtype)
+    cache_v = torch.zeros(16, tv_.width(Hkv * hd), dtype=tv_.dtype)
+    rows = torch.tensor([15, 2, 7, 5, 9])
+    want_q = pair_formula(q.reshape(n, H, hd), rot, rope).reshape(n, -1)
+    want_k = pair_formula(k.reshape(n, Hkv, hd), rot, rope).reshape(n, -1)
+    want_v = v.clone()
+    if rot_k:
+        want_q, want_k = fwht(want_q, rot_k), fwht(want_k, rot_k)
+    if rot_v:
+        want_v = fwht(want_v, rot_v)
+    want_kc, want_vc = cache_k.clone(), cache_v.clone()
+    store_kv_ref(want_kc, want_k, rows, tk_)
+    store_kv_ref(want_vc, want_v, rows, tv_)
+    v0 = v.clone()
+    assert rope_store_cpu.applies(q, k, v, cache_k, cache_v, tk_, tv_)
+    rope_store_cpu.rope_store(
+        q, k, v, hd, rot.cs, hd, True, cache_k, cache_v, rows, tk_, tv_, rot_k, rot_v, lib
+    )
+    assert torch.equal(q, want_q) and torch.equal(k, want_k) and torch.equal(v, v0)
+    assert torch.equal(cache_k.view(torch.uint8), want_kc.view(torch.uint8))
+    assert torch.equal(cache_v.view(torch.uint8), want_vc.view(torch.uint8))
+
+
+PAIRS = [(k, v) for k in KV_TYPES for v in ("f16", "q8_0", "q5_1")] + [("f16", v) for v in KV_TYPES]
+
+
+@pytest.mark.parametrize(("tk", "tv"), PAIRS)
+@pytest.mark.parametrize(
+    ("S", "n_q", "H", "Hkv", "D"), [(2, 1, 8, 2, 64), (1, 40, 4, 4, 32), (3, 2, 6, 3, 96)]
+)
+def test_attention_over_blocks_is_the_reference(
+    lib: ctypes.CDLL,
+    monkeypatch: pytest.MonkeyPatch,
+    tk: str,
+    tv: str,
+    S: int,
+    n_q: int,
+    H: int,
+    Hkv: int,
+    D: int,
+) -> None:
+    tk_, tv_ = KV_TYPES[tk], KV_TYPES[tv]
+    gen = torch.Generator().manual_seed(S * 100 + D + n_q)
+    n_cells, n_kv = 48, 37
+    kv = torch.randn(2, S + 1, n_cells, Hkv, D, generator=gen)
+    cache_k, cache_v = quantize(kv[0], tk_), quantize(kv[1], tv_)  # with a spare stream
+    k, v = cache_k[1:, :n_kv], cache_v[1:, :n_kv]  # strided views, as the memory gives them
+    q = torch.randn(S, n_q, H, D, generator=gen)
+    mask = torch.zeros(S, n_q, n_kv)
+    mask[torch.rand(S, n_q, n_kv, generator=gen) < 0.4] = float("-inf")
+    mask[0, -1] = float("-inf")  # a row that sees nothing: zeros
+    monkeypatch.setattr(cpu_lib, "lib", lambda: lib)
+    assert attention_cpu.applies(q, k, v, tk_, tv_) == (
+        n_q <= attention_cpu.MAX_ROWS or tk_.quantized or tv_.quantized
+    )
+    got = attention_cpu.attention_cpu(q, k, v, mask, 0.125, tk_, tv_)
+    want = attention_ref(q, k, v, mask, 0.125, tk_, tv_)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    assert torch.equal(got[0, -1], torch.zeros_like(got[0, -1]))
+
+
+def test_quantized_caches_take_every_row_count_float_ones_a_few() -> None:
+    q = torch.randn(1, attention_cpu.MAX_ROWS + 1, 2, 32)
+    k = torch.randn(1, 8, 2, 32)
+    blocks = quantize(k, KV_TYPES["q8_0"])
+    assert not attention_cpu.applies(q, k, k)
+    assert attention_cpu.applies(q, blocks, k, KV_TYPES["q8_0"], None)
+    assert not attention_cpu.applies(
+        q, blocks, k, KV_TYPES["q4_0"].__class__("x", 0, 32, 34, torch.int8), None
+    )
