@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvtool.errors import KvtoolError
 from kvtool.gguf_file import GGUFFile
+from kvtool.kernels.kv_quant import kv_type
 from kvtool.models.hparams import HParams
 
 
@@ -20,9 +22,15 @@ class KVDims:
     head_dim_k: int
     head_dim_v: int
 
-    def cell_bytes(self, elem_bytes: int = 2) -> int:
-        """Bytes of one cell's K and V rows over all layers (2: f16, llama.cpp's default)."""
-        return sum(h * (self.head_dim_k + self.head_dim_v) for h in self.n_head_kv) * elem_bytes
+    def cell_bytes(self, type_k: str = "f16", type_v: str = "f16") -> int:
+        """Bytes of one cell's K and V rows over all layers in these cache types (f16: llama.cpp's
+        default; a quantized type's blocks); KvtoolError for a type whose blocks do not tile a head."""
+        try:
+            tk, tv = kv_type(type_k), kv_type(type_v)
+            row_k, row_v = tk.row_bytes(self.head_dim_k), tv.row_bytes(self.head_dim_v)
+        except ValueError as e:
+            raise KvtoolError(str(e)) from None
+        return sum(h * (row_k + row_v) for h in self.n_head_kv)
 
 
 def read_kv_dims(path: str | Path) -> KVDims:

@@ -19,6 +19,7 @@ from kvtool.commands.batched_bench.logic import (
     batched_skip_reason,
     batched_warmup,
 )
+from kvtool.commands.common.sizes import kv_size_lines
 from kvtool.commands.common.values import parse_int_list
 
 err = common.text.lazy_console(stderr=True)
@@ -100,6 +101,8 @@ def batched_bench(
     # every sequence of the largest B needs an id; the geometry (n_ctx_seq) is printed below
     cp = dataclasses.replace(context, ctx_size=ctx_size).params(max(pl_list))
     ctx = common.make_context(m, cp, None)
+    for line in kv_size_lines(ctx):  # as llama.cpp logs it
+        err.print(common.text.plain(line, "dim"))
     rng = random.Random(seed)
     batched_warmup(ctx, rng)
     info = {

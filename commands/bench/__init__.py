@@ -15,6 +15,7 @@ import kvtool
 from kvtool.commands import app, common
 from kvtool.commands.bench.logic import BenchTest, Instance, bench_tests, run_bench_test
 from kvtool.commands.bench.report import Printer, record
+from kvtool.commands.common.sizes import kv_size_lines
 from kvtool.commands.common.values import parse_int_list
 from kvtool.common import registry
 
@@ -187,12 +188,17 @@ def bench(
             **common.timed_refresh(shown),
         ) as progress:
             task = progress.add_task("bench", total=len(jobs))
+            shown_kv: set[str] = set()  # llama.cpp logs each context's KV size; once per size here
             for inst, test in jobs:
                 done += 1
                 label = f"benchmark {done}/{n_jobs}: {test.name}"
                 phase, tokens = _phase_updater(progress, task, label, reps)
                 kvtool.set_n_threads(inst.n_threads)  # llama-bench sets each test's threads
                 ctx = _context(m, inst, test, kv_unified, swa_full)
+                for line in kv_size_lines(ctx):
+                    if line not in shown_kv:  # on stderr, above a live progress display
+                        shown_kv.add(line)
+                        (err if no_progress else progress.console).print(common.text.plain(line, "dim"))
                 r = run_bench_test(ctx, test, reps, rng, not no_warmup, phase, tokens)
                 rec = record(r, inst, m, kv_unified)  # once: every format shows the same test_time
                 progress.stop()  # transient: the spinner leaves the terminal's line to the row

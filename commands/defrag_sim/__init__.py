@@ -14,7 +14,7 @@ import typer
 
 import kvtool
 from kvtool.commands import app
-from kvtool.commands.common.options import NoProgressOpt
+from kvtool.commands.common.options import NoProgressOpt, TypeKOpt, TypeVOpt
 from kvtool.commands.common.text import console, plain
 from kvtool.commands.common.values import bounds
 from kvtool.commands.defrag_sim.names import POLICIES
@@ -131,6 +131,8 @@ def defrag_sim(
             help="Count bytes moved for this model (reads its GGUF header only, or loads it for --replay).",
         ),
     ] = None,
+    type_k: TypeKOpt = "f16",
+    type_v: TypeVOpt = "f16",
     copy_bw: Annotated[
         float | None,
         typer.Option(
@@ -176,7 +178,7 @@ def defrag_sim(
         "--page-size",
     )
     _check(not replay or model is not None, "needs -m MODEL", "--replay")
-    cost = _cost(model, copy_bw)
+    cost = _cost(model, copy_bw, type_k, type_v)
 
     t0, c0 = time.perf_counter(), time.process_time()
     per_seq = None if kv_unified else split_ops(w)
@@ -207,12 +209,12 @@ def defrag_sim(
         "policy settings": f"defrag-thold {defrag_thold}, max-moves {max_moves}, page-size {page_size}",
     }
     if cost is not None:
-        info["bytes"] = f"{cost.model}: {cost.cell_bytes} B per cell (K+V, f16, all layers)"
+        info["bytes"] = f"{cost.model}: {cost.cell_bytes} B per cell (K {type_k} + V {type_v}, all layers)"
         info["copy bandwidth"] = f"{cost.copy_bw / 1e9:.2f} GB/s ({cost.bw_source})"
     sys.stdout.write(render(output, rows(results, cost), info))
     if replay:
         assert model is not None
-        _replay(model, results, max_moves)
+        _replay(model, results, max_moves, type_k, type_v)
     if plot is not None:
         from kvtool.commands.defrag_sim.plot import plot as draw
 
@@ -225,7 +227,7 @@ def defrag_sim(
         print(f"defrag-sim: figure written to {plot}", file=sys.stderr)
 
 
-def _replay(model: str, results: list[SimResult], max_moves: int) -> None:
+def _replay(model: str, results: list[SimResult], max_moves: int, type_k: str, type_v: str) -> None:
     from kvtool.commands.common import load_model_with_status
     from kvtool.commands.common.text import console
     from kvtool.commands.defrag_sim.replay import MAX_CELLS, replay
@@ -239,7 +241,7 @@ def _replay(model: str, results: list[SimResult], max_moves: int) -> None:
             f"--replay: a stream of {cells.size} cells is too large (-c: at most {MAX_CELLS})"
         )
     m = load_model_with_status(model, console(stderr=True))
-    r = replay(m, cells, max_moves)
+    r = replay(m, cells, max_moves, type_k, type_v)
     same = "equal" if r.bitwise else "DIFFER from"
     print(
         f"replay ({hit.policy.name}, {Path(str(m.path)).name}): {r.n_moves} moves in {r.n_passes} "
@@ -289,7 +291,7 @@ def _workload(
     return synthetic(p), n, ubatch or 512, True
 
 
-def _cost(model: str | None, copy_bw: float | None) -> Cost | None:
+def _cost(model: str | None, copy_bw: float | None, type_k: str, type_v: str) -> Cost | None:
     from kvtool.commands.defrag_sim.report import Cost, measure_copy_bw
 
     if model is None:
@@ -303,4 +305,4 @@ def _cost(model: str | None, copy_bw: float | None) -> Cost | None:
         if copy_bw is not None
         else (measure_copy_bw(), "measured: numpy memcpy here")
     )
-    return Cost(dims.cell_bytes(), bw, f"{path.name} ({dims.arch}, {dims.n_layer} layers)", src)
+    return Cost(dims.cell_bytes(type_k, type_v), bw, f"{path.name} ({dims.arch}, {dims.n_layer} layers)", src)

@@ -42,9 +42,15 @@ class ReplayResult:
     max_diff: float  # after compaction vs before
 
 
-def _context(model: kvtool.Model, size: int, max_moves: int) -> kvtool.Context:
+def _context(model: kvtool.Model, size: int, max_moves: int, type_k: str, type_v: str) -> kvtool.Context:
     p = kvtool.ContextParams(
-        n_ctx=size, n_ubatch=64, n_seq_max=64, kv_unified=True, defrag_max_moves=max_moves
+        n_ctx=size,
+        n_ubatch=64,
+        n_seq_max=64,
+        kv_unified=True,
+        defrag_max_moves=max_moves,
+        type_k=type_k,
+        type_v=type_v,
     )
     return kvtool.Context(model, p)
 
@@ -108,8 +114,11 @@ def _queries(ctx: kvtool.Context, seqs: list[int]) -> torch.Tensor:
     return out
 
 
-def replay(model: kvtool.Model, cells: KVCells, max_moves: int) -> ReplayResult:
-    """Runs the compaction of `cells` on a cache of `model`; see the module docstring."""
+def replay(
+    model: kvtool.Model, cells: KVCells, max_moves: int, type_k: str = "f16", type_v: str = "f16"
+) -> ReplayResult:
+    """Runs the compaction of `cells` on a cache of `model` with K/V of these types; see the
+    module docstring."""
     seqs = cells.seq_ids()
     n_scratch = min(GROUP, FILLER - len(seqs))
     if FILLER in seqs or n_scratch < 1:
@@ -120,7 +129,7 @@ def replay(model: kvtool.Model, cells: KVCells, max_moves: int) -> ReplayResult:
         for src, dst, n in moves.tolist():
             where[src : src + n] = np.arange(dst, dst + n)
     groups = _groups(cells, where, n_scratch)
-    ctx, ref = _context(model, cells.size, max_moves), _context(model, cells.size, max_moves)
+    ctx, ref = (_context(model, cells.size, max_moves, type_k, type_v) for _ in range(2))
     _load(ctx, [[(c, p, b) for c, _, p, b in g] for g in groups])
     # the same decodes, each token in its cell after compaction: the same K/V rows, moved
     _load(ref, [[(w, p, b) for _, w, p, b in g] for g in groups])

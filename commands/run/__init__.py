@@ -13,6 +13,7 @@ import typer
 import kvtool
 from kvtool.commands import app, common
 from kvtool.commands.common.progress import PromptBar
+from kvtool.commands.common.sizes import kv_size_lines
 from kvtool.commands.run.banner import banner_lines, template_source
 from kvtool.commands.run.chat import ChatSession
 from kvtool.commands.run.keeper import Keeper, err
@@ -252,9 +253,9 @@ def run(
             f"model: {m.name} ({m.arch}, {m.path}); chat template: {template_source(m)}; "
             f"n_ctx = {ctx.n_ctx}; seed = {keeper.session.sampler.seed}"
         )
+        for line in kv_size_lines(ctx):
+            err.print(line)
         held = ctx.memory_breakdown()
-        for kv in held.kv:
-            err.print(f"KV cache: {kv.describe()}")
         if held.recurrent:
             per_seq = held.recurrent // ctx.params.n_seq_max
             err.print(f"recurrent state: {per_seq:,} bytes per sequence (--rs-seq {rs_seq})")

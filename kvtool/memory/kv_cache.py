@@ -102,8 +102,9 @@ def breakdown(specs: dict[int, KVLayerSpec], p: KVCacheParams) -> MemoryBreakdow
     k = rows * sum(s.n_head_kv * p.type_k.row_bytes(s.head_dim_k) for s in specs.values())
     v = rows * sum(s.n_head_kv * p.type_v.row_bytes(s.head_dim_v) for s in specs.values())
     size = KVBufferSize(
-        p.n_cells, p.n_stream, len(specs), p.type_k.name, p.type_v.name, k, v, rows * KVCells.CELL_BYTES
-    )
+        p.n_cells, p.n_stream, len(specs), p.type_k.name, p.type_v.name, k, v, rows * KVCells.CELL_BYTES,
+        p.swa is not None,
+    )  # fmt: skip
     return MemoryBreakdown((size,), n_kv=p.n_cells if specs else 0)
 
 
@@ -200,7 +201,7 @@ class KVCache(SeqOps, PartBatches):
         cells = sum(c.nbytes() for c in self.cells)
         size = KVBufferSize(
             self.n_cells, self.n_stream, len(self.specs), p.type_k.name, p.type_v.name,
-            nbytes(self.k), nbytes(self.v), cells,
+            nbytes(self.k), nbytes(self.v), cells, p.swa is not None,
         )  # fmt: skip
         return MemoryBreakdown((size,), n_kv=self.n_cells if self.specs else 0)
 

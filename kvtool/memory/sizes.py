@@ -24,6 +24,7 @@ class KVBufferSize:
     k: int  # bytes of K, every layer and stream
     v: int
     cells: int  # bytes of the cells' bookkeeping (positions, sequence sets, shifts)
+    swa: bool = False  # a sliding-window cache (its cells are reused outside the window)
 
     @property
     def total(self) -> int:

@@ -76,6 +76,25 @@ def test_model_bytes_and_given_bandwidth(tiny_llama_path: Path) -> None:
     assert float(t["on-fail"]["move_ms"]) == round(1e3 * moved * cell / 1e9, 1)
 
 
+def test_model_bytes_in_the_cache_types() -> None:
+    """-ctk/-ctv count a cell in their types: q8_0 is 34 bytes per 32 values, q4_0 18, f16 64."""
+    gemma3 = Path(__file__).parents[2] / "data" / "tiny" / "models" / "tiny-gemma3.gguf"
+    dims = read_kv_dims(gemma3)
+    values = sum(dims.n_head_kv) * dims.head_dim_k  # per cell, for each of K and V
+    assert dims.cell_bytes() == 2 * values * 2
+    assert dims.cell_bytes("q8_0", "q4_0") == values // 32 * (34 + 18)
+    args = (*SMALL, "-kvu", "--policy", "on-fail", "-m", str(gemma3), "--copy-bw", "1")
+    t = table(*args, "-ctk", "q8_0", "-ctv", "q4_0")
+    moved = int(t["on-fail"]["cells_moved"])
+    assert float(t["on-fail"]["mib_moved"]) == round(moved * dims.cell_bytes("q8_0", "q4_0") / 2**20, 1)
+    doc = json.loads(cli(*args, "-ctk", "q8_0", "-ctv", "q4_0", "-o", "json"))
+    assert "K q8_0 + V q4_0" in doc["bytes"]
+    with pytest.raises(kvtool.KvtoolError, match="block size 32 does not divide 16"):
+        read_kv_dims(Path(__file__).parents[2] / "data" / "tiny" / "models" / "tiny-llama.gguf").cell_bytes(
+            "q8_0"
+        )
+
+
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     png = tmp_path / "f.png"
     cli(*SMALL, "--policy", "contiguous", "--policy", "paged", "--plot", str(png))

@@ -108,7 +108,8 @@ def test_context_shift_keeps_generating_and_cached_matches_memory(tmp_path: Path
     1-layer model the K/V of a token depend on it and its position alone, so after the shifts
     the memory must compute what the session's `cached` tokens decoded afresh compute."""
     model = kvtool.Model(write_tiny_llama(tmp_path / "l1.gguf", TinyLlama(n_layer=1, seed=1)))
-    ctx = kvtool.Context(model, kvtool.ContextParams(n_ctx=256))
+    # f32 K: a shifted row is re-rotated exactly only if it is not rounded again
+    ctx = kvtool.Context(model, kvtool.ContextParams(n_ctx=256, type_k="f32", type_v="f32"))
     chat = ChatSession(ctx, kvtool.Sampler(GREEDY), use_template=False, ignore_eos=True, keep=3)
     _, gen = chat.respond("hello there", n_predict=400)
     assert len(gen.tokens) == 400 and gen.stop == "length" and len(gen.shifts) >= 2
@@ -117,7 +118,7 @@ def test_context_shift_keeps_generating_and_cached_matches_memory(tmp_path: Path
     assert chat.cached[:4] == first[:4]
     assert len(chat.cached) == ctx.memory.seq_pos_max(0) + 1 <= 256
     ctx.decode(kvtool.Batch.from_tokens([9], pos0=len(chat.cached)))
-    ref = kvtool.Context(model, kvtool.ContextParams(n_ctx=256))
+    ref = kvtool.Context(model, kvtool.ContextParams(n_ctx=256, type_k="f32", type_v="f32"))
     ref.decode(kvtool.Batch.from_tokens([*chat.cached, 9]))
     torch.testing.assert_close(ctx.logits_ith(-1), ref.logits_ith(-1), rtol=1e-4, atol=1e-4)
 
@@ -144,7 +145,8 @@ def test_context_shift_keeps_chatting_turn_after_turn(tmp_path: Path, use_templa
     the last reply, or the raw text); the memory still computes what `cached` decoded afresh
     computes (1-layer model)."""
     model = kvtool.Model(write_tiny_llama(tmp_path / "l1.gguf", TinyLlama(n_layer=1, seed=1)))
-    ctx = kvtool.Context(model, kvtool.ContextParams(n_ctx=256))
+    # f32 K: a shifted row is re-rotated exactly only if it is not rounded again
+    ctx = kvtool.Context(model, kvtool.ContextParams(n_ctx=256, type_k="f32", type_v="f32"))
     chat = ChatSession(ctx, kvtool.Sampler(GREEDY), use_template=use_template, ignore_eos=True, keep=2)
     for turn in range(4):
         _, gen = chat.respond(f"turn {turn}: tell me more", n_predict=120)
@@ -152,7 +154,7 @@ def test_context_shift_keeps_chatting_turn_after_turn(tmp_path: Path, use_templa
         assert len(chat.cached) == ctx.memory.seq_pos_max(0) + 1 <= 256
     assert chat.shifted
     ctx.decode(kvtool.Batch.from_tokens([9], pos0=len(chat.cached)))
-    ref = kvtool.Context(model, kvtool.ContextParams(n_ctx=256))
+    ref = kvtool.Context(model, kvtool.ContextParams(n_ctx=256, type_k="f32", type_v="f32"))
     ref.decode(kvtool.Batch.from_tokens([*chat.cached, 9]))
     torch.testing.assert_close(ctx.logits_ith(-1), ref.logits_ith(-1), rtol=1e-4, atol=1e-4)
 
