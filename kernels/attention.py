@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from . import attention_cpu
 from ._triton import jit, tl, triton, use_triton
 from .attention_split import _NOMINAL_SMS, _attention_reduce_kernel, _n_split, _rows, _store_out
-from .kv_quant import KVType, dequantize, quantize_q, split_affine
+from .kv_quant import C_IDS, KVType, dequantize, quantize_q, split_affine
+from .kv_triton import iq4_nl_table, load_mins, load_scaled, load_values
 from .visibility import SWA_KINDS, Cells, _visible, visibility_mask
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -170,6 +171,9 @@ def _attention_kernel(
     o_ptr,  # [S, n_q, H, Dv]
     m_ptr, l_ptr,  # [n_split, S * Hkv, n_q * group] fp32: each split's running max and sum
     acc_ptr,  # [n_split, S * Hkv, n_q * group, Dv] fp32: each split's unnormalized output
+    table_ptr,  # IQ4_NL's values (KT or VT 8)
+    qs_ptr,  # [S, n_q, H, n_blocks] fp32: the quantized query's block sums s (an affine K)
+    sqs_s, sqs_m, sqs_h,
     sq_s, sq_m, sq_h,
     sk_s, sk_n, sk_h,
     sv_s, sv_n, sv_h,
@@ -184,6 +188,11 @@ def _attention_kernel(
     CELLS: tl.constexpr,  # visibility from cell metadata (else from the mask)
     SWA: tl.constexpr,  # the sliding-window kind, an index in SWA_KINDS (CELLS)
     CAUSAL: tl.constexpr,  # no key after the query's position (CELLS)
+    KT: tl.constexpr,  # K's type id (kv_quant.C_IDS; below 3: the float type k_ptr holds)
+    VT: tl.constexpr,  # V's
+    BBK: tl.constexpr,  # bytes of a K block (a quantized K)
+    BBV: tl.constexpr,
+    NB: tl.constexpr,  # K blocks per row, padded to a tl.dot size (an affine K)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -198,6 +207,11 @@ def _attention_kernel(
 
     q_ptrs = q_ptr + s * sq_s + qi[:, None] * sq_m + head[:, None] * sq_h + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [M, D]
+    offs_b = tl.arange(0, NB)
+    b_ok = offs_b < head_dim // 32
+    if KT == 5 or KT == 7:
+        sums_ptrs = qs_ptr + s * sqs_s + qi[:, None] * sqs_m + head[:, None] * sqs_h + offs_b[None, :]
+        q_sums = tl.load(sums_ptrs, mask=row_ok[:, None] & b_ok[None, :], other=0.0)  # [M, NB]
     k_base = k_ptr + s * sk_s + hkv * sk_h
     v_base = v_ptr + s * sv_s + hkv * sv_h
     m_base = mask_ptr + s * sm_s + qi[:, None] * sm_m
@@ -225,16 +239,33 @@ def _attention_kernel(
         # Tiles no query sees (causal future, other sequences, outside a window) cost only
         # the metadata (or mask) read: their keys and values are never loaded.
         if tl.max(tl.max(bias, axis=1), axis=0) > float("-inf"):
-            kt_ptrs = k_base + offs_n[None, :] * sk_n + offs_d[:, None]
-            kt = tl.load(kt_ptrs, mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # [D, N]
-            qk = _dot(q, kt, F16) * qk_scale + bias * 1.4426950408889634  # [M, N], log2(e)
+            k_ok = n_ok[None, :] & d_ok[:, None]
+            if KT < 3:
+                kt = tl.load(
+                    k_base + offs_n[None, :] * sk_n + offs_d[:, None], mask=k_ok, other=0.0
+                )  # [D, N]
+                qk = _dot(q, kt, F16)
+            elif KT == 5 or KT == 7:  # affine: d * q, and the minimums through the query's sums
+                k_rows = k_base + offs_n[None, :] * sk_n
+                qk = _dot(q, load_scaled(k_rows, offs_d[:, None], k_ok, KT, BBK), False)
+                mins = load_mins(k_rows, offs_b[:, None], n_ok[None, :] & b_ok[:, None], BBK)  # [NB, N]
+                qk += _dot(q_sums, mins, False)
+            else:  # the blocks read as floats, tile by tile
+                kt = load_values(k_base + offs_n[None, :] * sk_n, offs_d[:, None], k_ok, table_ptr, KT, BBK)
+                qk = _dot(q, kt, False)
+            qk = qk * qk_scale + bias * 1.4426950408889634  # [M, N], log2(e)
             m_new = tl.maximum(m_i, tl.max(qk, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet
             p = tl.math.exp2(qk - m_safe[:, None])  # [M, N]
             alpha = tl.math.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v_ptrs = v_base + offs_n[:, None] * sv_n + offs_dv[None, :]
-            vt = tl.load(v_ptrs, mask=n_ok[:, None] & dv_ok[None, :], other=0.0)  # [N, Dv]
+            v_ok = n_ok[:, None] & dv_ok[None, :]
+            if VT < 3:
+                vt = tl.load(
+                    v_base + offs_n[:, None] * sv_n + offs_dv[None, :], mask=v_ok, other=0.0
+                )  # [N, Dv]
+            else:
+                vt = load_values(v_base + offs_n[:, None] * sv_n, offs_dv[None, :], v_ok, table_ptr, VT, BBV)
             acc = acc * alpha[:, None] + _dot(p, vt, F16)
             m_i = m_new
     if SPLIT:
@@ -269,7 +300,7 @@ def attention_triton(
     """
     assert mask.shape == (q.shape[0], q.shape[1], k.shape[1]), (mask.shape, q.shape, k.shape)
     assert mask.is_floating_point() and mask.device == q.device
-    return _launch(q, k, v, mask, None, scale, block_m, block_n, n_split)
+    return _launch(q, k, v, mask, None, scale, block_m, block_n, n_split, tk, tv)
 
 
 def attention_cells_triton(
@@ -291,7 +322,7 @@ def attention_cells_triton(
     assert cells.pos.shape == (S, n_kv) and cells.q_pos.shape == (S, n_q), (cells.pos.shape, q.shape)
     for t in (cells.pos, cells.seq, cells.q_pos, cells.q_seq):
         assert t.dtype == torch.int64 and t.is_contiguous() and t.device == q.device, (t.dtype, t.device)
-    return _launch(q, k, v, None, cells, scale, block_m, block_n, n_split)
+    return _launch(q, k, v, None, cells, scale, block_m, block_n, n_split, tk, tv)
 
 
 def _launch(
@@ -304,14 +335,22 @@ def _launch(
     block_m: int | None,
     block_n: int | None,
     n_split: int | None,
+    tk: KVType | None = None,
+    tv: KVType | None = None,
 ) -> torch.Tensor:
     assert triton is not None, "attention_triton needs triton"
+    qk = tk if tk is not None and tk.quantized else None  # the quantized types (None: float)
+    qv = tv if tv is not None and tv.quantized else None
     n_stream, n_q, n_head, head_dim = q.shape
-    _, n_kv, n_head_kv, head_dim_v = v.shape
-    assert k.shape == (n_stream, n_kv, n_head_kv, head_dim), (q.shape, k.shape)
+    n_kv, n_head_kv = v.shape[1], v.shape[2]
+    head_dim_v = qv.values(v.shape[3]) if qv else v.shape[3]
+    assert k.shape[:3] == (n_stream, n_kv, n_head_kv), (q.shape, k.shape)
+    assert (qk.values(k.shape[3]) if qk else k.shape[3]) == head_dim, (q.shape, k.shape)
     assert v.shape[:3] == k.shape[:3], (k.shape, v.shape)
     assert n_head % n_head_kv == 0, (n_head, n_head_kv)
-    assert q.dtype in _DTYPES and k.dtype in _DTYPES and v.dtype in _DTYPES, (q.dtype, k.dtype, v.dtype)
+    assert q.dtype in _DTYPES, q.dtype
+    for t, kt in ((k, qk), (v, qv)):
+        assert t.dtype == kt.dtype if kt else t.dtype in _DTYPES, (t.dtype, kt)
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1, "head_dim must be contiguous"
     assert q.device == k.device == v.device
     assert n_split is None or n_split >= 1, n_split
@@ -348,8 +387,27 @@ def _launch(
         mask = q.new_empty((0, 0, 0))
         meta = (cells.pos, cells.seq, cells.q_pos, cells.q_seq)
         swa, n_swa, causal = SWA_KINDS.index(cells.swa), cells.n_swa, cells.causal
+    # a quantized K: the query as ggml's flash attention quantizes it (its values; an affine K's
+    # minimums meet the blocks' sums s); the types' ids and block sizes pick the kernel's loads
+    qs = q
+    if qk:
+        assert qk.vec_dot is not None
+        values, sums = quantize_q(q, qk.vec_dot)
+        q = values.contiguous()
+        qs = q if sums is None else sums.contiguous()
+    names = {t.name for t in (qk, qv) if t}
+    table = iq4_nl_table(q.device) if "iq4_nl" in names else q  # any tensor for an unread pointer
+    types = {
+        "KT": C_IDS[qk.name] if qk else 0,
+        "VT": C_IDS[qv.name] if qv else 0,
+        "BBK": qk.block_bytes if qk else 0,
+        "BBV": qv.block_bytes if qv else 0,
+        "NB": max(16, triton.next_power_of_2(head_dim // 32)),
+    }
+    f16 = q.dtype == k.dtype == v.dtype == torch.float16
     _attention_kernel[(n_row_blocks, n_sh, n_split)](
         q, k, v, mask, *meta, out, m_part, l_part, acc_part,
+        table, qs, qs.stride(0), qs.stride(1), qs.stride(2),
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
@@ -358,8 +416,8 @@ def _launch(
         n_q, n_kv, n_head_kv, group, head_dim, head_dim_v,
         kv_per_split, n_swa,
         scale * _LOG2E,
-        F16=q.dtype == k.dtype == v.dtype == torch.float16, SPLIT=n_split > 1,
-        CELLS=cells is not None, SWA=swa, CAUSAL=causal,
+        F16=f16, SPLIT=n_split > 1,
+        CELLS=cells is not None, SWA=swa, CAUSAL=causal, **types,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
         num_warps=4, num_stages=2 if max(block_d, block_dv) > 128 else 3,
     )  # fmt: skip
@@ -410,7 +468,7 @@ def attention(
     for any number over a quantized cache (it reads the blocks), torch's SDPA by blocks of
     query rows over the keys each block sees for more (prompts)."""
     dense = mask.mask if isinstance(mask, KQMask) else mask
-    if use_triton(q, k, v, dense) and not (quantized(tk) or quantized(tv)):
+    if use_triton(q, k, v, dense):
         return attention_triton(q, k, v, dense, scale, tk=tk, tv=tv)
     if attention_cpu.applies(q, k, v, tk, tv):
         return attention_cpu.attention_cpu(q, k, v, dense, scale, tk, tv)
@@ -443,6 +501,6 @@ def attention_cells(
 ) -> torch.Tensor:
     """Attention per stream with visibility from cell metadata: Triton on CUDA tensors (no
     mask is built), the reference elsewhere."""
-    if use_triton(q, k, v, cells.pos) and not (quantized(tk) or quantized(tv)):
+    if use_triton(q, k, v, cells.pos):
         return attention_cells_triton(q, k, v, cells, scale, tk=tk, tv=tv)
     return attention_cells_ref(q, k, v, cells, scale, tk, tv)

@@ -214,11 +214,12 @@ static inline __attribute__((always_inline)) void sum_float(float *o, const floa
 }
 
 #ifdef KV_AVX2
-/* The 8 floats of block values r*8 .. r*8 + 7 as ggml dequantizes them: d * q (+ m). */
+/* The 8 floats of block values r*8 .. r*8 + 7 as ggml dequantizes them: d * q (+ m), a product
+ * and a sum each rounded (ggml's to_float is plain C, built without fused multiply-adds). */
 static inline __m256 dequant8(__m256i ints, int r, __m256 d, __m256 m, int affine) {
     const __m128i half = r < 2 ? _mm256_castsi256_si128(ints) : _mm256_extracti128_si256(ints, 1);
-    const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32((r & 1) ? _mm_srli_si128(half, 8) : half));
-    return affine ? _mm256_fmadd_ps(f, d, m) : _mm256_mul_ps(f, d);
+    const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32((r & 1) ? _mm_srli_si128(half, 8) : half)), d);
+    return affine ? _mm256_add_ps(f, m) : f;
 }
 #endif
 
@@ -248,7 +249,10 @@ static inline __attribute__((always_inline)) void sum_quant(float *o, const floa
             if (w[c] == 0.0f) continue;
             float d, m;
             kvb_decode(v + c * stride + b * bb, type, q, &d, &m);
-            for (int j = 0; j < KV_QK; j++) ob[j] += w[c] * (kv_affine(type) ? q[j] * d + m : q[j] * d);
+            for (int j = 0; j < KV_QK; j++) {
+                const float x = q[j] * d; /* rounded before m is added, as ggml's to_float */
+                ob[j] += w[c] * (kv_affine(type) ? x + m : x);
+            }
         }
 #endif
     }

@@ -6,6 +6,7 @@ import torch
 
 from ._triton import jit, tl, triton, use_triton
 from .kv_quant import KVType, quantize
+from .kv_triton import store_blocks_triton
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -52,9 +53,12 @@ def store_kv_triton(
     *,
     block: int | None = None,
 ) -> None:
-    """Triton version of `store_kv_ref` (same contract). `block` overrides the row chunk."""
+    """Triton version of `store_kv_ref` (same contract; a quantized `t`: kernels/kv_triton.py).
+    `block` overrides the row chunk."""
     assert triton is not None, "store_kv_triton needs triton"
-    assert t is None or not t.quantized, "a quantized cache is stored by store_kv_ref"
+    if t is not None and t.quantized:
+        store_blocks_triton(dst, src, idx, t)
+        return
     assert dst.dim() == 2 and src.dim() == 2 and idx.dim() == 1
     assert dst.dtype in _DTYPES and src.dtype in _DTYPES, (dst.dtype, src.dtype)
     assert idx.dtype == torch.int64 and idx.is_contiguous()
@@ -72,7 +76,7 @@ def store_kv_triton(
 def store_kv(dst: torch.Tensor, src: torch.Tensor, idx: torch.Tensor, t: KVType | None = None) -> None:
     """dst[idx[i]] = src[i] (quantized to `t`'s blocks): Triton on CUDA tensors, the reference
     elsewhere."""
-    if use_triton(dst, src, idx) and not (t is not None and t.quantized):
+    if use_triton(dst, src, idx):
         store_kv_triton(dst, src, idx, t)
     else:
         store_kv_ref(dst, src, idx, t)

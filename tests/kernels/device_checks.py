@@ -20,6 +20,7 @@ from kvtool.kernels.attention import (
     attention_triton,
 )
 from kvtool.kernels.dequant import dequantize
+from kvtool.kernels.kv_quant import KV_TYPES
 from kvtool.kernels.short_conv import short_conv_ref, short_conv_triton
 from kvtool.kernels.ssd import ssd_ref, ssd_triton
 from kvtool.kernels.ssm_scan import ssm_scan_ref, ssm_scan_triton
@@ -27,7 +28,15 @@ from kvtool.kernels.store_kv import store_kv_ref, store_kv_triton
 from kvtool.kernels.visibility import Cells
 from kvtool.kernels.wkv6 import wkv6_ref, wkv6_triton
 from kvtool.kernels.wkv7 import wkv7_ref, wkv7_triton
-from tests.kernels import test_dequant, test_short_conv, test_ssd, test_ssm_scan, test_wkv6, test_wkv7
+from tests.kernels import (
+    test_dequant,
+    test_kv_triton,
+    test_short_conv,
+    test_ssd,
+    test_ssm_scan,
+    test_wkv6,
+    test_wkv7,
+)
 from tests.kernels.attention_inputs import CASES, TOL, make_inputs
 from tests.kernels.cells_inputs import make_cells, make_qkv
 from tests.kernels.test_attention_cells import CASES as CELL_CASES
@@ -87,6 +96,33 @@ def check_store_kv(device: str, quick: bool = False) -> None:
             assert torch.equal(got.cpu(), want), (dst_dtype, src_dtype)
 
 
+def check_kv_blocks(device: str, quick: bool = False) -> None:
+    """Quantized caches: rows stored as blocks (the reference's bytes; IQ4_NL's fp16 scale within
+    an ulp) and attention reading K and V blocks, mask and split keys, against the reference."""
+    g = torch.Generator().manual_seed(0)
+    types = [t for t in KV_TYPES.values() if t.quantized]
+    for t in types[:1] if quick else types:
+        src = torch.randn(9, 128, generator=g) * 3
+        dst = torch.zeros(64, t.row_bytes(128), dtype=torch.uint8)
+        idx = torch.randperm(64, generator=g)[:9]
+        want = dst.clone()
+        store_kv_ref(want, src, idx, t)
+        got, s, i = _on(device, dst, src, idx)
+        store_kv_triton(got, s, i, t)
+        diff = (got.cpu().view(-1, t.block_bytes) != want.view(-1, t.block_bytes)).any(0)
+        assert not diff[2:].any() and (t.name == "iq4_nl" or not diff.any()), t.name
+    for tk, tv in test_kv_triton.PAIRS[:1] if quick else test_kv_triton.PAIRS:
+        q, k, v, a, b, gen = test_kv_triton.operands(tk, tv, 2, 3, 8, 2, 128, 700, seed=1)
+        mask = torch.zeros(2, 3, 700)
+        mask[torch.rand(2, 3, 700, generator=gen) < 0.3] = float("-inf")
+        want = attention_ref(q, k, v, mask, 0.1, a, b)
+        for n_split in (1, 3):
+            got = attention_triton(*_on(device, q, k, v, mask), 0.1, n_split=n_split, tk=a, tv=b)
+            torch.testing.assert_close(
+                got.cpu(), want, rtol=1e-4, atol=1e-4, msg=lambda m, tk=tk, tv=tv: f"{tk} {tv}: {m}"
+            )
+
+
 def check_dequant(device: str, quick: bool = False) -> None:
     """Every quantized type dequantized on the device, bit for bit as on the CPU."""
     for qtype in test_dequant.QUANT_TYPES[:1] if quick else test_dequant.QUANT_TYPES:
@@ -119,7 +155,14 @@ def _close(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> Non
         torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-4)
 
 
-CHECKS = [check_attention, check_attention_cells, check_store_kv, check_dequant, check_recurrent]
+CHECKS = [
+    check_attention,
+    check_attention_cells,
+    check_store_kv,
+    check_kv_blocks,
+    check_dequant,
+    check_recurrent,
+]
 
 
 def check_all(device: str) -> None:
