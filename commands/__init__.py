@@ -31,6 +31,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "parallel": ("parallel", "Simulated clients, on the engine or a server (llama-parallel)."),
     "state": ("state", "Save a KV state, continue from it, inspect files and stores."),
     "defrag-sim": ("defrag_sim", "Compare KV slot policies on a workload (no model needed)."),
+    "kv-types": ("kv_types", "Precision and size of each K/V cache type on a model and text."),
 }
 
 

@@ -82,52 +82,69 @@ class ContextParams:
             raise KvtoolError(str(e)) from None
 
 
+@dataclass(frozen=True)
+class _Layout:
+    n_ctx: int  # cells in all (n_ctx_seq per stream)
+    memory: MemoryParams
+
+
+def _layout(model: Model, p: ContextParams) -> _Layout:
+    """The memory a context of `p` on `model` gets: checks the params (KvtoolError) and sizes the
+    streams (pad256 cells each), warning where llama.cpp warns."""
+    defrag = p.check()
+    type_k, type_v = kv_type(p.type_k), kv_type(p.type_v)
+    device = model.device if p.device is None else resolve_device(p.device)
+    if device != model.device:
+        raise KvtoolError(f"context device {device} differs from the model's ({model.device})")
+    n_ctx = p.n_ctx if p.n_ctx > 0 else model.n_ctx_train
+    if p.kv_unified:
+        n_ctx_seq = pad(n_ctx)
+        n_ctx = n_ctx_seq
+    else:
+        if n_ctx % p.n_seq_max:
+            warnings.warn(
+                f"n_ctx ({n_ctx}) is not divisible by n_seq_max ({p.n_seq_max}): "
+                f"each sequence gets pad256(n_ctx / n_seq_max) cells",
+                stacklevel=3,
+            )
+        n_ctx_seq = pad(n_ctx // p.n_seq_max)
+        n_ctx = n_ctx_seq * p.n_seq_max
+    if n_ctx_seq > model.n_ctx_train:
+        warnings.warn(
+            f"n_ctx_seq ({n_ctx_seq}) > n_ctx_train ({model.n_ctx_train}): "
+            "possible training context overflow",
+            stacklevel=3,
+        )
+    mp = MemoryParams(
+        n_ctx_seq=n_ctx_seq,
+        n_seq_max=p.n_seq_max,
+        n_ubatch=min(p.n_ubatch, p.n_batch),
+        kv_unified=p.kv_unified,
+        swa_full=p.swa_full,
+        type_k=type_k,
+        type_v=type_v,
+        n_rs_seq=p.n_rs_seq,
+        defrag=defrag,
+        device=device,
+        attn_rot=attn_rot_enabled(p.attn_rot),
+    )
+    return _Layout(n_ctx, mp)
+
+
 class Context:
     """Decodes batches of tokens against a memory that remembers them."""
 
     def __init__(self, model: Model, params: ContextParams | None = None) -> None:
         p = params or ContextParams()
-        self.defrag = p.check()
-        type_k, type_v = kv_type(p.type_k), kv_type(p.type_v)
-        self.device = model.device if p.device is None else resolve_device(p.device)
-        if self.device != model.device:
-            raise KvtoolError(f"context device {self.device} differs from the model's ({model.device})")
+        layout = _layout(model, p)
+        self.defrag = layout.memory.defrag
+        self.device = torch.device(layout.memory.device)
         self.model = model
         self.params = p
         self.n_batch = p.n_batch
-        self.n_ubatch = min(p.n_ubatch, p.n_batch)
-        n_ctx = p.n_ctx if p.n_ctx > 0 else model.n_ctx_train
-        if p.kv_unified:
-            self.n_ctx_seq = pad(n_ctx)
-            self.n_ctx = self.n_ctx_seq
-        else:
-            if n_ctx % p.n_seq_max:
-                warnings.warn(
-                    f"n_ctx ({n_ctx}) is not divisible by n_seq_max ({p.n_seq_max}): "
-                    f"each sequence gets pad256(n_ctx / n_seq_max) cells",
-                    stacklevel=2,
-                )
-            self.n_ctx_seq = pad(n_ctx // p.n_seq_max)
-            self.n_ctx = self.n_ctx_seq * p.n_seq_max
-        if self.n_ctx_seq > model.n_ctx_train:
-            warnings.warn(
-                f"n_ctx_seq ({self.n_ctx_seq}) > n_ctx_train ({model.n_ctx_train}): "
-                "possible training context overflow",
-                stacklevel=2,
-            )
-        mp = MemoryParams(
-            n_ctx_seq=self.n_ctx_seq,
-            n_seq_max=p.n_seq_max,
-            n_ubatch=self.n_ubatch,
-            kv_unified=p.kv_unified,
-            swa_full=p.swa_full,
-            type_k=type_k,
-            type_v=type_v,
-            n_rs_seq=p.n_rs_seq,
-            defrag=self.defrag,
-            device=self.device,
-            attn_rot=attn_rot_enabled(p.attn_rot),
-        )
+        self.n_ubatch = layout.memory.n_ubatch
+        self.n_ctx, self.n_ctx_seq = layout.n_ctx, layout.memory.n_ctx_seq
+        mp = layout.memory
         spec = model.memory_spec()
         hp = model.hparams
         self.memory_estimate = estimate_memory(spec, mp, hp.n_embd, hp.n_ff, hp.n_head, model.n_vocab)
@@ -230,6 +247,13 @@ class Context:
         """The bytes the context's memory holds: each KV cache (its K and V in their types) and
         the recurrent states (llama.cpp's llama_memory_breakdown)."""
         return self.memory.memory_breakdown()
+
+    @staticmethod
+    def memory_breakdown_of(model: Model, params: ContextParams) -> MemoryBreakdown:
+        """What a context of `params` on `model` would hold (its `memory_breakdown()`), without
+        allocating it: the KV size at any context length. KvtoolError for params a context
+        refuses (an unknown type, blocks that do not tile a head...)."""
+        return model.memory_spec().memory_breakdown(_layout(model, params).memory)
 
     # -- state (llama_state_*; the format is docs/state-format.md) --------------------------------
     # kvtool.state is imported inside the methods: it builds on the engine, not the reverse.

@@ -27,10 +27,17 @@ class KVDims:
         default; a quantized type's blocks); KvtoolError for a type whose blocks do not tile a head."""
         try:
             tk, tv = kv_type(type_k), kv_type(type_v)
-            row_k, row_v = tk.row_bytes(self.head_dim_k), tv.row_bytes(self.head_dim_v)
         except ValueError as e:
             raise KvtoolError(str(e)) from None
-        return sum(h * (row_k + row_v) for h in self.n_head_kv)
+        for t, n, what in ((tk, self.head_dim_k, "k"), (tv, self.head_dim_v, "v")):
+            if not t.divides(n):  # in the words of the context's refusal (and llama.cpp's)
+                raise KvtoolError(
+                    f"{what.upper()} cache type {t.name} with block size {t.block} "
+                    f"does not divide n_embd_head_{what}={n}"
+                )
+        return sum(
+            h * (tk.row_bytes(self.head_dim_k) + tv.row_bytes(self.head_dim_v)) for h in self.n_head_kv
+        )
 
 
 def read_kv_dims(path: str | Path) -> KVDims:

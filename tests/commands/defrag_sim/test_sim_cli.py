@@ -89,7 +89,9 @@ def test_model_bytes_in_the_cache_types() -> None:
     assert float(t["on-fail"]["mib_moved"]) == round(moved * dims.cell_bytes("q8_0", "q4_0") / 2**20, 1)
     doc = json.loads(cli(*args, "-ctk", "q8_0", "-ctv", "q4_0", "-o", "json"))
     assert "K q8_0 + V q4_0" in doc["bytes"]
-    with pytest.raises(kvtool.KvtoolError, match="block size 32 does not divide 16"):
+    with pytest.raises(
+        kvtool.KvtoolError, match="K cache type q8_0 with block size 32 does not divide n_embd_head_k=16"
+    ):
         read_kv_dims(Path(__file__).parents[2] / "data" / "tiny" / "models" / "tiny-llama.gguf").cell_bytes(
             "q8_0"
         )
