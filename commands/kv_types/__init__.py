@@ -9,15 +9,16 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import kvtool
 from kvtool.commands import app, common
-from kvtool.commands.kv_types.logic import Pair, Row, Setup, chunks, measure, report
-from kvtool.common.cells import read_kv_dims
+
+if TYPE_CHECKING:  # the measurement loads torch: imported when the verb runs, not for --help
+    from kvtool.commands.kv_types.logic import Pair, Row
 
 err = common.text.lazy_console(stderr=True)
 
@@ -67,6 +68,9 @@ def kv_types(
     no_progress: common.NoProgressOpt = False,
 ) -> None:
     """Precision and memory of K/V cache types on a model and a text (KL, top-1, perplexity)."""
+    from kvtool.commands.kv_types.logic import Pair, Setup, chunks, measure, report
+    from kvtool.common.cells import read_kv_dims
+
     if output not in ("md", "csv", "json"):
         raise typer.BadParameter("md, csv or json", param_hint="-o")
     if (file is None) == (prompt is None):

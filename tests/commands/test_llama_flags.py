@@ -26,6 +26,7 @@ HELP = [
 ]
 HELP += [["batched-bench", "--help"], ["defrag-sim", "--help"], ["models", "--help"], ["list", "--help"]]
 HELP += [["serve", "--help"]]
+HELP += [["kv-types", "-h"]]
 
 
 def _modules_after(args: list[str]) -> tuple[str, str]:
