@@ -11,8 +11,11 @@ Measures: tg128 and pp512 (`bench`), S_TG of `batched-bench` at PP 128 / TG 128 
 the model and generates one token (llama-simple, when the build has it). llama.cpp is never
 imported: it is only run as a program, and is not a dependency of kvtool.
 
-Both tools get the same K/V cache type (`--cache-type`, default f16, llama.cpp's default; kvtool's
-own default is f32), so their attention reads the same number of bytes.
+Both tools get the same K/V cache type (`--cache-type`, default f16, the default of both), so
+their attention reads the same number of bytes. `--depth-types` adds generation at a depth
+(`-d`, 4096 by default) for each K/V type it lists (f16,q8_0 by default): `bench -p 0 -n 32 -d`
+beside `llama-bench ... -fa on` (llama.cpp needs flash attention for a quantized V; it gets it
+for every type here, so the rows compare alike); `--depth-only` runs that measure alone.
 
 On parallel: llama-parallel's system transcript (about 300 tokens) is compiled into it; kvtool's
 is shorter, so kvtool gets enough filler turns (`--junk`) that its mean prompt length per request
@@ -119,6 +122,9 @@ def main() -> None:
     ap.add_argument(
         "--cache-type", default="f16", help="K and V cache type of both tools (llama.cpp's default: f16)"
     )
+    ap.add_argument("--depth", type=int, default=4096, help="tokens in the cache before generating")
+    ap.add_argument("--depth-types", default="f16,q8_0", help="K/V types generated at --depth ('' for none)")
+    ap.add_argument("--depth-only", action="store_true", help="only the generation at --depth")
     a = ap.parse_args()
 
     gguf = run([*KVTOOL, "models", "path", a.model]).strip() if not a.model.endswith(".gguf") else a.model
@@ -126,6 +132,26 @@ def main() -> None:
     t = str(a.threads)
     kv = ["-ctk", a.cache_type, "-ctv", a.cache_type]  # both tools store the same K/V bytes
     rows: list[Row] = []
+
+    depth_types = [x for x in a.depth_types.split(",") if x]
+    deep = {x: Row(f"tg32 t/s at depth {a.depth}, K/V {x} (bench -d)") for x in depth_types}
+    at_depth = ["-p", "0", "-n", "32", "-d", str(a.depth), "-t", t, "-r", "2", "-o", "json"]
+
+    def kv_deep() -> None:
+        for x, row in deep.items():
+            out = run([*KVTOOL, "bench", "-m", gguf, *at_depth, "-ctk", x, "-ctv", x])
+            row.kvtool.append(bench_ts(out, 0, 32))
+
+    def ll_deep() -> None:
+        for x, row in deep.items():
+            out = run([lb, "-m", gguf, *at_depth, "-ctk", x, "-ctv", x, "-fa", "on"])
+            row.llama.append(bench_ts(out, 0, 32))
+
+    if deep:
+        alternate(a.rounds, kv_deep, ll_deep)
+    if a.depth_only:
+        print_rows(rows + list(deep.values()), gguf, a)
+        return
 
     tg, pp = Row("tg128 t/s (bench)"), Row("pp512 t/s (bench)")
 
@@ -237,7 +263,10 @@ def main() -> None:
 
     alternate(max(a.rounds, 3), kv_first, ll_first)
     rows.append(first)
+    print_rows(rows + list(deep.values()), gguf, a)
 
+
+def print_rows(rows: list[Row], gguf: str, a: argparse.Namespace) -> None:
     print(f"\nmodel {gguf}, {a.threads} threads, {a.rounds} alternating rounds (medians)\n")
     print("| measure | llama.cpp | kvtool | kvtool / llama.cpp | note |")
     print("|---|---|---|---|---|")

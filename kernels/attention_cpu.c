@@ -214,48 +214,64 @@ static inline __attribute__((always_inline)) void sum_float(float *o, const floa
 }
 
 #ifdef KV_AVX2
-/* The 8 floats of block values r*8 .. r*8 + 7 as ggml dequantizes them: d * q (+ m), a product
- * and a sum each rounded (ggml's to_float is plain C, built without fused multiply-adds). */
-static inline __m256 dequant8(__m256i ints, int r, __m256 d, __m256 m, int affine) {
+/* Block values r*8 .. r*8 + 7 of a decoded block as floats (q8_0: read from memory directly). */
+static inline __m256 block8(const uint8_t *blk, __m256i ints, int r, int type) {
+    if (type == KV_Q8_0) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * r))));
     const __m128i half = r < 2 ? _mm256_castsi256_si128(ints) : _mm256_extracti128_si256(ints, 1);
-    const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32((r & 1) ? _mm_srli_si128(half, 8) : half)), d);
-    return affine ? _mm256_add_ps(f, m) : f;
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32((r & 1) ? _mm_srli_si128(half, 8) : half));
+}
+
+/* a[0 .. 4 * nblk) += (w d) q over the nblk blocks of `row` from block b0; an affine type's
+ * w m of each block summed into wm[] apart (the same for its 32 columns). */
+static inline __attribute__((always_inline)) void add_blocks(__m256 *a, float *wm, float w, const uint8_t *row,
+                                                             int64_t b0, int nblk, int type) {
+    const int bb = kv_unit_bytes(type);
+    for (int k = 0; k < nblk; k++) {
+        const uint8_t *blk = row + (b0 + k) * bb;
+        const __m256i ints = type == KV_Q8_0 ? _mm256_setzero_si256() : kvb_decode8(blk, type);
+        const __m256 wd = _mm256_set1_ps(w * kvb_half(blk));
+        if (kv_affine(type)) wm[k] += w * kvb_half(blk + 2);
+        for (int r = 0; r < 4; r++) a[4 * k + r] = _mm256_fmadd_ps(wd, block8(blk, ints, r, type), a[4 * k + r]);
+    }
 }
 #endif
 
-/* sum_float for a quantized V: each block of a row dequantized to floats (as ggml's to_float
- * does) and added weighted, a block's 32 columns in registers over all rows. */
+/* sum_float for a quantized V: o += sum_c w[c] v[c] with each V value d * q (+ m) of its block,
+ * read block by block (no row is dequantized into memory); 64 columns kept in registers over
+ * all rows, as for a float V. */
 static inline __attribute__((always_inline)) void sum_quant(float *o, const float *w, const uint8_t *v,
                                                              int64_t stride, int64_t n, int type, int64_t Dv) {
-    const int bb = kv_unit_bytes(type);
-    for (int64_t b = 0; b < Dv / KV_QK; b++) {
-        float *ob = o + b * KV_QK;
+    const int64_t nb = Dv / KV_QK;
 #ifdef KV_AVX2
-        __m256 a[4];
-        for (int r = 0; r < 4; r++) a[r] = _mm256_loadu_ps(ob + 8 * r);
+    for (int64_t b0 = 0; b0 < nb; b0 += 2) {
+        const int nblk = b0 + 1 < nb ? 2 : 1;
+        float *ob = o + b0 * KV_QK;
+        __m256 a[8];
+        float wm[2] = {0.0f, 0.0f};
+        for (int r = 0; r < 4 * nblk; r++) a[r] = _mm256_loadu_ps(ob + 8 * r);
         for (int64_t c = 0; c < n; c++) {
             if (w[c] == 0.0f) continue;
-            const uint8_t *blk = v + c * stride + b * bb;
-            const __m256i ints = kvb_decode8(blk, type);
-            const __m256 d = _mm256_set1_ps(kvb_half(blk));
-            const __m256 m = _mm256_set1_ps(kv_affine(type) ? kvb_half(blk + 2) : 0.0f);
-            const __m256 wv = _mm256_set1_ps(w[c]);
-            for (int r = 0; r < 4; r++) a[r] = _mm256_fmadd_ps(wv, dequant8(ints, r, d, m, kv_affine(type)), a[r]);
+            if (nblk == 2) add_blocks(a, wm, w[c], v + c * stride, b0, 2, type);
+            else add_blocks(a, wm, w[c], v + c * stride, b0, 1, type);
         }
-        for (int r = 0; r < 4; r++) _mm256_storeu_ps(ob + 8 * r, a[r]);
+        for (int k = 0; k < nblk; k++) {
+            const __m256 m = _mm256_set1_ps(wm[k]);
+            for (int r = 0; r < 4; r++) _mm256_storeu_ps(ob + 8 * (4 * k + r), _mm256_add_ps(a[4 * k + r], m));
+        }
+    }
 #else
-        int8_t q[KV_QK];
-        for (int64_t c = 0; c < n; c++) {
-            if (w[c] == 0.0f) continue;
+    const int bb = kv_unit_bytes(type);
+    int8_t q[KV_QK];
+    for (int64_t c = 0; c < n; c++) {
+        if (w[c] == 0.0f) continue;
+        for (int64_t b = 0; b < nb; b++) {
             float d, m;
             kvb_decode(v + c * stride + b * bb, type, q, &d, &m);
-            for (int j = 0; j < KV_QK; j++) {
-                const float x = q[j] * d; /* rounded before m is added, as ggml's to_float */
-                ob[j] += w[c] * (kv_affine(type) ? x + m : x);
-            }
+            const float wd = w[c] * d, wm = w[c] * m;
+            for (int j = 0; j < KV_QK; j++) o[b * KV_QK + j] += wd * q[j] + wm;
         }
-#endif
     }
+#endif
 }
 
 static void weighted_sum(const attn_t *A, float *o, const float *w, const uint8_t *vb) {
