@@ -203,7 +203,8 @@ def read_container(data: bytes | memoryview) -> tuple[dict[str, Any], dict[str, 
 
 
 FORMAT = "kvtool.state"
-VERSION = 2  # 2: separate K and V types in KV layouts (type_k, type_v)
+VERSION = 3  # 2: separate K and V types in KV layouts (type_k, type_v); 3: quantized K/V types
+READS = (2, 3)  # a version-2 state is a version-3 one whose caches are float: read as it is
 
 
 def version_check(state: dict[str, Any]) -> None:
@@ -213,7 +214,8 @@ def version_check(state: dict[str, Any]) -> None:
         raise StateError("not a kvtool state (no format tag)")
     if not isinstance(state.get("version"), int) or isinstance(state["version"], bool):
         raise StateError("corrupted state: no format version")
-    if state["version"] != VERSION:
+    if state["version"] not in READS:
         raise StateError(
-            f"state format version {state.get('version')} is not supported (this kvtool reads {VERSION})"
+            f"state format version {state.get('version')} is not supported "
+            f"(this kvtool reads {' and '.join(map(str, READS))})"
         )

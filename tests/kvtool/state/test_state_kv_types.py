@@ -82,3 +82,14 @@ def test_the_conversation_store_holds_the_smaller_blocks(tiny_gemma3, tokens, tm
             assert rec is not None
             sizes[tk] = rec.n_bytes
     assert sizes["q4_0"] < sizes["q8_0"] < sizes["f16"]
+
+
+def test_a_version_2_state_of_a_float_cache_still_loads(tiny_gemma3, tokens) -> None:  # type: ignore[no-untyped-def]
+    """Version 3 added the quantized types; a version-2 file (float caches) reads as it is."""
+    src = ctx_of(tiny_gemma3, "f16", "f16", True)
+    kvtool.decode_tokens(src, tokens(tiny_gemma3, 9), 0, 0)
+    old = rewrite(src.state_get_data(), lambda s, t: s.update(version=2))
+    want = next_logits(src, 0)
+    dst = ctx_of(tiny_gemma3, "f16", "f16", True)
+    dst.state_set_data(old)
+    assert torch.equal(next_logits(dst, 0), want)
