@@ -40,7 +40,7 @@ def kv_types(
         str,
         typer.Option(
             "--types",
-            help=f"K/V pairs to compare, comma list; K/V for different types. {common.options.KV_TYPES_HELP}.",
+            help=f"K/V pairs to compare, comma list; K/V where they differ. {common.options.KV_TYPES_HELP}.",
         ),
     ] = DEFAULT_TYPES,
     reference: Annotated[

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import kvtool
+from kvtool.common.store import ConversationStore
 from kvtool.state import inspect
 from kvtool.state.container import read_container
 from tests.kvtool.state.test_state_validation import refused, rewrite  # noqa: F401 - a fixture
@@ -72,7 +73,7 @@ def test_a_block_scale_that_is_not_finite_is_refused(tiny_gemma3, tokens, refuse
 
 def test_the_conversation_store_holds_the_smaller_blocks(tiny_gemma3, tokens, tmp_path) -> None:  # type: ignore[no-untyped-def]
     sizes = {}
-    with kvtool.ConversationStore(tmp_path / "c.db") as store:
+    with ConversationStore(tmp_path / "c.db") as store:
         for tk in ("f16", "q8_0", "q4_0"):
             ctx = ctx_of(tiny_gemma3, tk, tk, True)
             ids = tokens(tiny_gemma3, 200)
