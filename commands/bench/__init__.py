@@ -188,14 +188,16 @@ def bench(
             **common.timed_refresh(shown),
         ) as progress:
             task = progress.add_task("bench", total=len(jobs))
-            shown_kv: set[str] = set()  # llama.cpp logs each context's KV size; once per size here
+            # llama.cpp logs each context's KV size; once per size here, on stderr unless -oe
+            # makes stderr a machine-read format
+            shown_kv: set[str] = set()
             for inst, test in jobs:
                 done += 1
                 label = f"benchmark {done}/{n_jobs}: {test.name}"
                 phase, tokens = _phase_updater(progress, task, label, reps)
                 kvtool.set_n_threads(inst.n_threads)  # llama-bench sets each test's threads
                 ctx = _context(m, inst, test, kv_unified, swa_full)
-                for line in kv_size_lines(ctx):
+                for line in kv_size_lines(ctx) if output_err is None else []:
                     if line not in shown_kv:  # on stderr, above a live progress display
                         shown_kv.add(line)
                         (err if no_progress else progress.console).print(common.text.plain(line, "dim"))
