@@ -18,7 +18,7 @@ import ctypes
 import torch
 
 from kvtool.kernels import cpu_lib
-from kvtool.kernels.kv_quant import C_IDS, KVType, float_type
+from kvtool.kernels.kv_quant import C_IDS, KVType, cache_type
 
 MAX_ROWS = 16  # query rows per stream up to which the compiled kernel is used (float caches)
 
@@ -33,21 +33,11 @@ def _typed(lib: ctypes.CDLL) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
     return f
 
 
-def _type_of(t: torch.Tensor, kv: KVType | None) -> KVType | None:
-    """The cache type of tensor t (None: not one the kernel reads)."""
-    if kv is not None:
-        return kv if kv.dtype == t.dtype else None
-    try:
-        return float_type(t.dtype)
-    except ValueError:
-        return None
-
-
 def applies(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tk: KVType | None = None, tv: KVType | None = None
 ) -> bool:
     """Whether `attention_cpu` takes these operands (tk/tv: a quantized cache's types)."""
-    kt, vt = _type_of(k, tk), _type_of(v, tv)
+    kt, vt = cache_type(k, tk), cache_type(v, tv)
     if kt is None or vt is None:
         return False
     rows_ok = q.shape[1] <= MAX_ROWS or kt.quantized or vt.quantized
@@ -76,7 +66,7 @@ def attention_cpu(
     `softcap`: each score s becomes softcap * tanh(s / softcap) before the mask (Gemma 2;
     kernels/attention_softcap.py is its specification)."""
     lib = cpu_lib.lib()
-    kt, vt = _type_of(k, tk), _type_of(v, tv)
+    kt, vt = cache_type(k, tk), cache_type(v, tv)
     assert lib is not None and kt is not None and vt is not None
     S, n_q, H, D = q.shape
     n_kv, Hkv = k.shape[1], k.shape[2]

@@ -210,12 +210,12 @@ def dequantize(raw: torch.Tensor, t: KVType, n: int | None = None) -> torch.Tens
     return _dequantize(raw.contiguous(), t.ggml, (*lead, n))
 
 
-def float_type(dtype: torch.dtype) -> KVType:
-    """The float cache type of tensors of `dtype`."""
-    for t in KV_TYPES.values():
-        if not t.quantized and t.dtype == dtype:
-            return t
-    raise ValueError(f"no float cache type of {dtype}")
+def cache_type(cache: torch.Tensor, t: KVType | None) -> KVType | None:
+    """The type of a cache tensor: `t` where given (a quantized cache's), else the float type of
+    its dtype; None where they do not agree (uint8 blocks without a type, a float64 tensor)."""
+    if t is not None:
+        return t if t.dtype == cache.dtype else None
+    return next((f for f in KV_TYPES.values() if not f.quantized and f.dtype == cache.dtype), None)
 
 
 def quantize_q(q: torch.Tensor, vec_dot: str) -> tuple[torch.Tensor, torch.Tensor | None]:

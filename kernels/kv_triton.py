@@ -158,40 +158,14 @@ def _store_blocks_kernel(
         _put_half(out, d)
         tl.store(out + 2 + offs, _roundf(lo * inv).to(tl.int32).to(tl.int8).to(tl.uint8, bitcast=True))
         tl.store(out + 18 + offs, _roundf(hi * inv).to(tl.int32).to(tl.int8).to(tl.uint8, bitcast=True))
-    elif TYPE == 4:  # q4_0: d = max / -8
-        d = _signed_max(lo, hi, offs) / -8.0
-        inv = _inverse(d)
-        q0 = tl.minimum((lo * inv + 8.5).to(tl.int32), 15)
-        q1 = tl.minimum((hi * inv + 8.5).to(tl.int32), 15)
-        _put_half(out, d)
-        tl.store(out + 2 + offs, (q0 | (q1 << 4)).to(tl.uint8))
-    elif TYPE == 6:  # q5_0: d = max / -16
-        d = _signed_max(lo, hi, offs) / -16.0
-        inv = _inverse(d)
-        q0 = tl.minimum((lo * inv + 16.5).to(tl.int32), 31)
-        q1 = tl.minimum((hi * inv + 16.5).to(tl.int32), 31)
-        _put_half(out, d)
-        _store_high_bits(out + 2, q0, q1, offs)
-        tl.store(out + 6 + offs, ((q0 & 15) | ((q1 & 15) << 4)).to(tl.uint8))
-    elif TYPE == 5:  # q4_1: d = (max - min) / 15, m = min
-        mn = tl.minimum(tl.min(lo, axis=0), tl.min(hi, axis=0))
-        d = (tl.maximum(tl.max(lo, axis=0), tl.max(hi, axis=0)) - mn) / 15.0
-        inv = _inverse(d)
-        q0 = tl.minimum(((lo - mn) * inv + 0.5).to(tl.int32), 15)
-        q1 = tl.minimum(((hi - mn) * inv + 0.5).to(tl.int32), 15)
-        _put_half(out, d)
-        _put_half(out + 2, mn)
-        tl.store(out + 4 + offs, (q0 | (q1 << 4)).to(tl.uint8))
-    elif TYPE == 7:  # q5_1: d = (max - min) / 31, m = min
-        mn = tl.minimum(tl.min(lo, axis=0), tl.min(hi, axis=0))
-        d = (tl.maximum(tl.max(lo, axis=0), tl.max(hi, axis=0)) - mn) / 31.0
-        inv = _inverse(d)
-        q0 = ((lo - mn) * inv + 0.5).to(tl.int32)
-        q1 = ((hi - mn) * inv + 0.5).to(tl.int32)
-        _put_half(out, d)
-        _put_half(out + 2, mn)
-        _store_high_bits(out + 4, q0, q1, offs)
-        tl.store(out + 8 + offs, ((q0 & 15) | ((q1 & 15) << 4)).to(tl.uint8))
+    elif TYPE == 4:  # q4_0
+        _sym_block(lo, hi, offs, out, 8)
+    elif TYPE == 6:  # q5_0
+        _sym_block(lo, hi, offs, out, 16)
+    elif TYPE == 5:  # q4_1
+        _affine_block(lo, hi, offs, out, 16)
+    elif TYPE == 7:  # q5_1
+        _affine_block(lo, hi, offs, out, 32)
     else:  # iq4_nl: indices for the scale max / -127, then the least-squares scale
         mx = _signed_max(lo, hi, offs)
         amax = tl.abs(mx)
@@ -210,6 +184,39 @@ def _store_blocks_kernel(
         i1 = tl.where(empty, 0, i1)
         _put_half(out, d)
         tl.store(out + 2 + offs, (i0 | (i1 << 4)).to(tl.uint8))
+
+
+@jit
+def _sym_block(lo, hi, offs, out, HALF: tl.constexpr):
+    # q4_0 (HALF 8), q5_0 (16): d = max / -HALF, q = MIN(2 HALF - 1, (int8_t)(x / d + HALF + 0.5))
+    d = _signed_max(lo, hi, offs) / -HALF
+    inv = _inverse(d)
+    q0 = tl.minimum((lo * inv + (HALF + 0.5)).to(tl.int32), 2 * HALF - 1)
+    q1 = tl.minimum((hi * inv + (HALF + 0.5)).to(tl.int32), 2 * HALF - 1)
+    _put_half(out, d)
+    if HALF == 16:  # the fifth bits, then the nibbles
+        _store_high_bits(out + 2, q0, q1, offs)
+        tl.store(out + 6 + offs, ((q0 & 15) | ((q1 & 15) << 4)).to(tl.uint8))
+    else:
+        tl.store(out + 2 + offs, (q0 | (q1 << 4)).to(tl.uint8))
+
+
+@jit
+def _affine_block(lo, hi, offs, out, LEVELS: tl.constexpr):
+    # q4_1 (LEVELS 16), q5_1 (32): d = (max - min) / (LEVELS - 1), m = min, q = (x - m) / d + 0.5
+    # (q4_1 caps it at 15; q5_1's stays below 32 as ggml's (uint8_t) cast assumes)
+    mn = tl.minimum(tl.min(lo, axis=0), tl.min(hi, axis=0))
+    d = (tl.maximum(tl.max(lo, axis=0), tl.max(hi, axis=0)) - mn) / (LEVELS - 1.0)
+    inv = _inverse(d)
+    q0 = tl.minimum(((lo - mn) * inv + 0.5).to(tl.int32), LEVELS - 1)
+    q1 = tl.minimum(((hi - mn) * inv + 0.5).to(tl.int32), LEVELS - 1)
+    _put_half(out, d)
+    _put_half(out + 2, mn)
+    if LEVELS == 32:
+        _store_high_bits(out + 4, q0, q1, offs)
+        tl.store(out + 8 + offs, ((q0 & 15) | ((q1 & 15) << 4)).to(tl.uint8))
+    else:
+        tl.store(out + 4 + offs, (q0 | (q1 << 4)).to(tl.uint8))
 
 
 @jit

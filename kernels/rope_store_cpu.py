@@ -16,20 +16,11 @@ import ctypes
 import torch
 
 from kvtool.kernels import cpu_lib
-from kvtool.kernels.kv_quant import C_IDS, KVType, float_type
+from kvtool.kernels.kv_quant import C_IDS, KVType, cache_type
 
 
 def _rows(x: torch.Tensor) -> bool:  # float32 rows [n, width] with contiguous elements
     return x.dim() == 2 and x.dtype == torch.float32 and x.stride(1) == 1 and x.device.type == "cpu"
-
-
-def _type_of(cache: torch.Tensor, t: KVType | None) -> KVType | None:
-    if t is not None:
-        return t if t.dtype == cache.dtype else None
-    try:
-        return float_type(cache.dtype)
-    except ValueError:
-        return None
 
 
 def applies(
@@ -43,7 +34,7 @@ def applies(
 ) -> bool:
     """Whether `rope_store` takes these: q/k/v float32 rows on the CPU, caches of a K/V type each
     (tk/tv: a quantized cache's types) as rows with contiguous elements, and the kernels loaded."""
-    kt, vt = _type_of(k_cache, tk), _type_of(v_cache, tv)
+    kt, vt = cache_type(k_cache, tk), cache_type(v_cache, tv)
     return (
         kt is not None
         and vt is not None
@@ -84,7 +75,7 @@ def rope_store(
     the caches' types (tk/tv: a quantized cache's). Needs `applies`; rows int64, distinct, within
     the caches. `lib`: another build of the kernels."""
     lib = lib or cpu_lib.lib()
-    kt, vt = _type_of(k_cache, tk), _type_of(v_cache, tv)
+    kt, vt = cache_type(k_cache, tk), cache_type(v_cache, tv)
     assert lib is not None and kt is not None and vt is not None
     n = q.shape[0]
     laid_out = cs is None or (cs.dtype == torch.float32 and cs.stride(2) == 1 and cs.stride(1) == 2)
