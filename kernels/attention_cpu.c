@@ -221,17 +221,23 @@ static inline __m256 block8(const uint8_t *blk, __m256i ints, int r, int type) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32((r & 1) ? _mm_srli_si128(half, 8) : half));
 }
 
-/* a[0 .. 4 * nblk) += (w d) q over the nblk blocks of `row` from block b0; an affine type's
- * w m of each block summed into wm[] apart (the same for its 32 columns). */
-static inline __attribute__((always_inline)) void add_blocks(__m256 *a, float *wm, float w, const uint8_t *row,
-                                                             int64_t b0, int nblk, int type) {
+/* a[0 .. 4 * nblk) += w (d q (+ m)) over the nblk blocks of `row` from block b0: each value
+ * dequantized first, a product and a sum each rounded, as ggml's to_float gives it to
+ * ggml_vec_mad_f32 (so the weighted sums round as llama.cpp's). */
+static inline __attribute__((always_inline)) void add_blocks(__m256 *a, float w, const uint8_t *row, int64_t b0,
+                                                             int nblk, int type) {
     const int bb = kv_unit_bytes(type);
+    const __m256 wv = _mm256_set1_ps(w);
     for (int k = 0; k < nblk; k++) {
         const uint8_t *blk = row + (b0 + k) * bb;
         const __m256i ints = type == KV_Q8_0 ? _mm256_setzero_si256() : kvb_decode8(blk, type);
-        const __m256 wd = _mm256_set1_ps(w * kvb_half(blk));
-        if (kv_affine(type)) wm[k] += w * kvb_half(blk + 2);
-        for (int r = 0; r < 4; r++) a[4 * k + r] = _mm256_fmadd_ps(wd, block8(blk, ints, r, type), a[4 * k + r]);
+        const __m256 d = _mm256_set1_ps(kvb_half(blk));
+        const __m256 m = _mm256_set1_ps(kv_affine(type) ? kvb_half(blk + 2) : 0.0f);
+        for (int r = 0; r < 4; r++) {
+            __m256 x = _mm256_mul_ps(block8(blk, ints, r, type), d);
+            if (kv_affine(type)) x = _mm256_add_ps(x, m);
+            a[4 * k + r] = _mm256_fmadd_ps(wv, x, a[4 * k + r]);
+        }
     }
 }
 #endif
@@ -247,17 +253,13 @@ static inline __attribute__((always_inline)) void sum_quant(float *o, const floa
         const int nblk = b0 + 1 < nb ? 2 : 1;
         float *ob = o + b0 * KV_QK;
         __m256 a[8];
-        float wm[2] = {0.0f, 0.0f};
         for (int r = 0; r < 4 * nblk; r++) a[r] = _mm256_loadu_ps(ob + 8 * r);
         for (int64_t c = 0; c < n; c++) {
             if (w[c] == 0.0f) continue;
-            if (nblk == 2) add_blocks(a, wm, w[c], v + c * stride, b0, 2, type);
-            else add_blocks(a, wm, w[c], v + c * stride, b0, 1, type);
+            if (nblk == 2) add_blocks(a, w[c], v + c * stride, b0, 2, type);
+            else add_blocks(a, w[c], v + c * stride, b0, 1, type);
         }
-        for (int k = 0; k < nblk; k++) {
-            const __m256 m = _mm256_set1_ps(wm[k]);
-            for (int r = 0; r < 4; r++) _mm256_storeu_ps(ob + 8 * (4 * k + r), _mm256_add_ps(a[4 * k + r], m));
-        }
+        for (int r = 0; r < 4 * nblk; r++) _mm256_storeu_ps(ob + 8 * r, a[r]);
     }
 #else
     const int bb = kv_unit_bytes(type);
@@ -267,8 +269,10 @@ static inline __attribute__((always_inline)) void sum_quant(float *o, const floa
         for (int64_t b = 0; b < nb; b++) {
             float d, m;
             kvb_decode(v + c * stride + b * bb, type, q, &d, &m);
-            const float wd = w[c] * d, wm = w[c] * m;
-            for (int j = 0; j < KV_QK; j++) o[b * KV_QK + j] += wd * q[j] + wm;
+            for (int j = 0; j < KV_QK; j++) {
+                const float x = q[j] * d; /* rounded before m is added, as ggml's to_float */
+                o[b * KV_QK + j] += w[c] * (kv_affine(type) ? x + m : x);
+            }
         }
     }
 #endif
