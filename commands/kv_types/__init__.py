@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import kvtool
 from kvtool.commands import app, common
@@ -68,6 +67,8 @@ def kv_types(
     no_progress: common.NoProgressOpt = False,
 ) -> None:
     """Precision and memory of K/V cache types on a model and a text (KL, top-1, perplexity)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from kvtool.commands.kv_types.logic import Pair, Setup, chunks, measure, report
     from kvtool.common.cells import read_kv_dims
 
