@@ -25,15 +25,15 @@ class MemoryEstimate:
     """Bytes a context needs, by part."""
 
     kv: int  # K and V tensors and their cells' bookkeeping
-    recurrent: int  # recurrent states (and their rollback snapshots) of every sequence
+    states: int  # recurrent states (and their rollback snapshots) of every sequence, or the like
     compute: int  # one ubatch's activations and attention scores, and the logits
 
     @property
     def total(self) -> int:
-        return self.kv + self.recurrent + self.compute
+        return self.kv + self.states + self.compute
 
     def describe(self) -> str:
-        parts = (("KV", self.kv), ("recurrent", self.recurrent), ("compute", self.compute))
+        parts = (("KV", self.kv), ("states", self.states), ("compute", self.compute))
         return ", ".join(f"{name} {n / _MiB:.1f} MiB" for name, n in parts if n)
 
 
@@ -50,7 +50,7 @@ def estimate_memory(
     activations = 4 * n_tok * (8 * n_embd + 3 * n_ff)
     scores = 4 * n_tok * max(n_head, 1) * held.n_kv
     logits = 4 * max(p.n_seq_max, 1) * n_vocab
-    return MemoryEstimate(held.kv_bytes, held.recurrent, activations + scores + logits)
+    return MemoryEstimate(held.kv_bytes, held.states, activations + scores + logits)
 
 
 def available_memory(device: str | torch.device = "cpu") -> int | None:

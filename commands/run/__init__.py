@@ -255,10 +255,10 @@ def run(
         )
         for line in kv_size_lines(ctx):
             err.print(line)
-        held = ctx.memory_breakdown()
-        if held.recurrent:
-            per_seq = held.recurrent // ctx.params.n_seq_max
-            err.print(f"recurrent state: {per_seq:,} bytes per sequence (--rs-seq {rs_seq})")
+        for part in ctx.memory_breakdown().parts:
+            if part.kind == "recurrent":  # its cells are the sequences' state slots
+                per_seq = part.nbytes // part.n_cells
+                err.print(f"recurrent state: {per_seq:,} bytes per sequence (--rs-seq {rs_seq})")
     show = Display(display_prompt, verbose_prompt, perf, multiline, verbose)
     rc = 0
     try:

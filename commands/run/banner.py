@@ -23,7 +23,7 @@ def banner_lines(
     n_seq = p.n_seq_max
     layout = "one buffer shared by the sequences" if p.kv_unified else "one stream per sequence"
     est = ctx.memory_estimate
-    kv = f"K {p.type_k}, V {p.type_v}, {layout}, {(est.kv + est.recurrent) / _MiB:.1f} MiB"
+    kv = f"K {p.type_k}, V {p.type_v}, {layout}, {(est.kv + est.states) / _MiB:.1f} MiB"
     if ctx.memory.kind != "kv":
         kv += f" ({ctx.memory.kind})"
     source = template_source(m)

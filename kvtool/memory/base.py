@@ -216,7 +216,8 @@ class Memory(Protocol):
         ...
 
     def memory_breakdown(self) -> MemoryBreakdown:
-        """The bytes this memory holds, by kind (llama.cpp's memory_breakdown)."""
+        """The bytes this memory holds, part by part, and the cells each part uses per stream
+        (llama.cpp's memory_breakdown)."""
         ...
 
     def state_write(self, w: StateWriter, seq: int | None) -> None:

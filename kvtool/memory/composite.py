@@ -82,10 +82,10 @@ class Composite(SeqOps):
         ]
 
     def memory_breakdown(self) -> MemoryBreakdown:
-        """Every part's bytes."""
+        """Every part's bytes, named as the composite names it."""
         out = MemoryBreakdown()
-        for p in self.parts.values():
-            out += p.memory_breakdown()
+        for name, p in self.parts.items():
+            out += p.memory_breakdown().named(name)
         return out
 
     # -- batches --------------------------------------------------------------------------------

@@ -117,4 +117,7 @@ class HybridSpec:
         return HybridMemory(part, self.recurrent.build(params))
 
     def memory_breakdown(self, params: MemoryParams) -> MemoryBreakdown:
-        return self.attn.memory_breakdown(params) + self.recurrent.memory_breakdown(params)
+        # the parts in HybridMemory's order and names
+        return self.recurrent.memory_breakdown(params).named("recurrent") + self.attn.memory_breakdown(
+            params
+        ).named("attn")

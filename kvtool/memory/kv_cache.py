@@ -36,7 +36,7 @@ from kvtool.memory.defrag import DefragPolicy, plan_defrag
 from kvtool.memory.kv_cache_context import KVCacheContext
 from kvtool.memory.kv_cells import KVCells, SWAParams, seq_bit
 from kvtool.memory.kv_update import KVUpdateContext
-from kvtool.memory.sizes import KVBufferSize, MemoryBreakdown
+from kvtool.memory.sizes import MemoryBreakdown, PartSize
 from kvtool.state.io import StateReader, StateWriter
 
 # (layer, K rows [n, n_head_kv, head_dim] in float32, position deltas [n]) -> rotated K rows
@@ -101,9 +101,16 @@ def breakdown(specs: dict[int, KVLayerSpec], p: KVCacheParams) -> MemoryBreakdow
     rows = p.n_stream * p.n_cells
     k = rows * sum(s.n_head_kv * p.type_k.row_bytes(s.head_dim_k) for s in specs.values())
     v = rows * sum(s.n_head_kv * p.type_v.row_bytes(s.head_dim_v) for s in specs.values())
-    size = KVBufferSize(
-        p.n_cells, p.n_stream, len(specs), p.type_k.name, p.type_v.name, k, v, rows * KVCells.CELL_BYTES,
-        p.swa is not None,
+    return _sizes(specs, p, k, v, rows * KVCells.CELL_BYTES, (0,) * p.n_stream)
+
+
+def _sizes(
+    specs: dict[int, KVLayerSpec], p: KVCacheParams, k: int, v: int, cells: int, used: tuple[int, ...]
+) -> MemoryBreakdown:
+    kind = "attention" if p.swa is None else "sliding_window"
+    size = PartSize(
+        "", kind, p.n_cells, p.n_stream, used, len(specs), k=k, v=v, cells=cells,
+        type_k=p.type_k.name, type_v=p.type_v.name,
     )  # fmt: skip
     return MemoryBreakdown((size,), n_kv=p.n_cells if specs else 0)
 
@@ -192,18 +199,15 @@ class KVCache(SeqOps, PartBatches):
         return [PartBreakdown("", kind, nbytes, self.n_cells, tuple(c.n_used() for c in self.cells))]
 
     def memory_breakdown(self) -> MemoryBreakdown:
-        """The bytes of the K/V tensors allocated and of the cells' bookkeeping."""
-        p = self.params
+        """The bytes of the K/V tensors allocated and of the cells' bookkeeping, the cells each
+        stream uses."""
 
         def nbytes(ts: dict[int, torch.Tensor]) -> int:
             return sum(t.numel() * t.element_size() for t in ts.values())
 
         cells = sum(c.nbytes() for c in self.cells)
-        size = KVBufferSize(
-            self.n_cells, self.n_stream, len(self.specs), p.type_k.name, p.type_v.name,
-            nbytes(self.k), nbytes(self.v), cells, p.swa is not None,
-        )  # fmt: skip
-        return MemoryBreakdown((size,), n_kv=self.n_cells if self.specs else 0)
+        used = tuple(c.n_used() for c in self.cells)
+        return _sizes(self.specs, self.params, nbytes(self.k), nbytes(self.v), cells, used)
 
     # -- sequence operations: planned, then committed --------------------------------------------
     def plan(self, op: SeqOp) -> Commit:

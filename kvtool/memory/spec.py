@@ -91,7 +91,7 @@ class KVSpec:
         return caches[0] if len(caches) == 1 else SWAKVCache(caches[0], caches[1])
 
     def memory_breakdown(self, params: MemoryParams) -> MemoryBreakdown:
-        out = MemoryBreakdown()
-        for layers, kp in self._caches(params):
-            out += breakdown(layers, kp)
-        return out
+        caches = [breakdown(layers, kp) for layers, kp in self._caches(params)]
+        if len(caches) == 1:
+            return caches[0]
+        return caches[0].named("base") + caches[1].named("swa")  # SWAKVCache's names

@@ -19,7 +19,7 @@ import kvtool.memory_estimate as me
 from kvtool.batch import Split, UBatch
 from kvtool.memory.base import Commit, PartBatches, SeqOp, SeqOps
 from kvtool.memory.composite import Composite
-from kvtool.memory.sizes import MemoryBreakdown
+from kvtool.memory.sizes import MemoryBreakdown, PartSize
 from kvtool.memory.spec import KVSpec, MemoryParams
 
 MODELS = Path(__file__).parent.parent / "data" / "tiny" / "models"
@@ -63,7 +63,7 @@ def test_estimate_matches_what_the_context_allocates(arch: str, unified: bool) -
     cells = sum(b.cells for b in held.kv)  # the cells' bookkeeping: numpy, not tensors
     assert got > 0
     assert held.total - cells == got
-    assert (est.kv, est.recurrent) == (held.kv_bytes, held.recurrent)
+    assert (est.kv, est.states) == (held.kv_bytes, held.states)
 
 
 @pytest.mark.parametrize(("type_k", "type_v"), [("q8_0", "q4_0"), ("iq4_nl", "f32"), ("bf16", "q5_1")])
@@ -115,7 +115,8 @@ class Ledger(SeqOps, PartBatches):
         return lambda: None
 
     def memory_breakdown(self) -> MemoryBreakdown:
-        return MemoryBreakdown(recurrent=self.book.nbytes)
+        n_seq = len(self.book)
+        return MemoryBreakdown((PartSize("", "ledger", n_seq, 1, (0,), 0, states=self.book.nbytes),))
 
     def prepare(self, ubatches: list[UBatch]) -> object:
         return ubatches
@@ -134,8 +135,9 @@ class LedgerSpec:
         return Composite({"kv": self.inner.build(params), "ledger": Ledger(params.n_seq_max, self.n_bytes)})
 
     def memory_breakdown(self, params: MemoryParams) -> MemoryBreakdown:
-        ledger = MemoryBreakdown(recurrent=params.n_seq_max * self.n_bytes)
-        return self.inner.memory_breakdown(params) + ledger
+        n_seq = params.n_seq_max
+        ledger = PartSize("", "ledger", n_seq, 1, (0,), 0, states=n_seq * self.n_bytes)
+        return self.inner.memory_breakdown(params).named("kv") + MemoryBreakdown((ledger,)).named("ledger")
 
 
 def test_a_new_memory_kind_gets_its_estimate_from_its_own_spec(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,11 +146,12 @@ def test_a_new_memory_kind_gets_its_estimate_from_its_own_spec(monkeypatch: pyte
     inner = model.memory_spec()
     monkeypatch.setattr(model, "memory_spec", lambda: LedgerSpec(inner, 3 << 20))
     ctx = kvtool.Context(model, kvtool.ContextParams(n_ctx=256, n_seq_max=4))
-    assert ctx.memory_estimate.recurrent == ctx.memory_breakdown().recurrent == 4 * (3 << 20)
-    assert ctx.memory_estimate.kv == kv_only.kv and kv_only.recurrent == 0
+    assert ctx.memory_estimate.states == ctx.memory_breakdown().states == 4 * (3 << 20)
+    assert ctx.memory_estimate.kv == kv_only.kv and kv_only.states == 0
+    assert ctx.memory_breakdown() == ctx.memory_breakdown_of(model, ctx.params)  # the spec says it before
     # the ledger's bytes take part in the "does not fit" check
     monkeypatch.setattr(me, "available_memory", lambda device="cpu": ctx.memory_estimate.total - (6 << 20))
-    with pytest.raises(kvtool.KvtoolError, match=r"recurrent 12\.0 MiB"):
+    with pytest.raises(kvtool.KvtoolError, match=r"states 12\.0 MiB"):
         kvtool.Context(model, kvtool.ContextParams(n_ctx=256, n_seq_max=4))
 
 
@@ -165,7 +168,7 @@ def test_recurrent_state_counts_per_sequence_not_per_cell() -> None:
     model = kvtool.Model(MODELS / "tiny-mamba.gguf")
     small = kvtool.Context(model, kvtool.ContextParams(n_ctx=256, n_ubatch=8)).memory_estimate
     large = kvtool.Context(model, kvtool.ContextParams(n_ctx=1 << 20, n_ubatch=8)).memory_estimate
-    assert small.kv == large.kv == 0 and small.recurrent == large.recurrent > 0
+    assert small.kv == large.kv == 0 and small.states == large.states > 0
 
 
 def test_beyond_the_training_context_warns() -> None:

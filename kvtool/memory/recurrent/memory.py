@@ -46,7 +46,7 @@ from kvtool.memory.recurrent.context import RecurrentContext
 from kvtool.memory.recurrent.state_part import read_state, write_state
 from kvtool.memory.recurrent.states import RSStates, Snapshot
 from kvtool.memory.recurrent.view import RSLayerSpec
-from kvtool.memory.sizes import MemoryBreakdown
+from kvtool.memory.sizes import MemoryBreakdown, PartSize
 
 if TYPE_CHECKING:
     from kvtool.batch import UBatch
@@ -68,8 +68,14 @@ class RecurrentSpec:
 
     def memory_breakdown(self, params: MemoryParams) -> MemoryBreakdown:
         """Every slot's F32 states and snapshots (RSStates)."""
+        n_slot = max(1, params.n_seq_max)
         per_slot = 4 * (1 + params.n_rs_seq) * sum(s.numel() for s in self.layers.values())
-        return MemoryBreakdown(recurrent=max(1, params.n_seq_max) * per_slot)
+        return states_breakdown(n_slot, len(self.layers), n_slot * per_slot, 0)
+
+
+def states_breakdown(n_slot: int, n_layer: int, nbytes: int, used: int) -> MemoryBreakdown:
+    """A recurrent memory's one part: its slots (one stream) and the bytes of their states."""
+    return MemoryBreakdown((PartSize("", "recurrent", n_slot, 1, (used,), n_layer, states=nbytes),))
 
 
 @dataclass
@@ -110,8 +116,8 @@ class RecurrentMemory(PartBatches, SeqOps):
         return frozenset(self.specs)
 
     def memory_breakdown(self) -> MemoryBreakdown:
-        """The bytes of the states allocated (current and snapshots, every slot)."""
-        return MemoryBreakdown(recurrent=self.states.nbytes())
+        """The bytes of the states allocated (current and snapshots, every slot), the slots used."""
+        return states_breakdown(self.n_seq_max, len(self.specs), self.states.nbytes(), self.n_used())
 
     # -- slots --------------------------------------------------------------------------------
     def own_slot(self, seq: int) -> int:

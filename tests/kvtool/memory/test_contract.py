@@ -29,7 +29,7 @@ from kvtool.memory.base import (
     SeqRm,
 )
 from kvtool.memory.composite import Composite
-from kvtool.memory.sizes import MemoryBreakdown
+from kvtool.memory.sizes import MemoryBreakdown, PartSize
 from kvtool.memory.spec import KVSpec, MemoryParams
 from kvtool.state import inspect
 from kvtool.state.io import StateReader, StateWriter
@@ -217,7 +217,8 @@ class TokenCounter(SeqOps, PartBatches):
         return NoUpdate()
 
     def memory_breakdown(self) -> MemoryBreakdown:
-        return MemoryBreakdown(recurrent=self.count.nbytes)
+        part = PartSize("", "counter", len(self.count), 1, (self.n_used(),), 0, states=self.count.nbytes)
+        return MemoryBreakdown((part,))
 
     def prepare(self, ubatches: list[UBatch]) -> object:
         return ubatches
@@ -281,7 +282,9 @@ class CountedSpec:
         return CountedKV({"kv": self.inner.build(params), "count": TokenCounter(params.n_seq_max)})
 
     def memory_breakdown(self, params: MemoryParams) -> MemoryBreakdown:
-        return self.inner.memory_breakdown(params) + MemoryBreakdown(recurrent=8 * params.n_seq_max)
+        n = params.n_seq_max
+        count = MemoryBreakdown((PartSize("", "counter", n, 1, (0,), 0, states=8 * n),))
+        return self.inner.memory_breakdown(params).named("kv") + count.named("count")
 
 
 def test_a_new_memory_kind_plugs_in_without_edits(
@@ -291,7 +294,7 @@ def test_a_new_memory_kind_plugs_in_without_edits(
     spec = model.memory_spec()
     monkeypatch.setattr(model, "memory_spec", lambda: CountedSpec(spec))
     ctx = kvtool.Context(model, kvtool.ContextParams(n_ctx=256, n_seq_max=2, kv_unified=True))
-    assert ctx.memory_breakdown().recurrent == ctx.memory_estimate.recurrent == 16  # its sizes count
+    assert ctx.memory_breakdown().states == ctx.memory_estimate.states == 16  # its sizes count
     decode(ctx, 6, seq=0)
     ctx.memory.seq_cp(0, 1, -1, -1)
     counter = ctx.memory.parts["count"]

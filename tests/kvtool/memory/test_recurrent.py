@@ -9,7 +9,6 @@ import torch
 from kvtool.batch import Batch, BatchAllocator, DecodeError
 from kvtool.errors import StateError
 from kvtool.memory.recurrent import RecurrentMemory, RecurrentSpec, RSLayerSpec
-from kvtool.memory.sizes import MemoryBreakdown
 from kvtool.memory.spec import MemoryParams
 from kvtool.state.container import FORMAT, VERSION, read_container, write_container
 from kvtool.state.io import StateReader, StateWriter
@@ -334,8 +333,10 @@ def test_bad_state_changes_nothing() -> None:
 
 def test_memory_breakdown_counts_every_slot_and_snapshot() -> None:
     """n_seq_max slots of F32 states, each with n_rs_seq snapshots; the spec says so before."""
-    assert make(0).memory_breakdown() == MemoryBreakdown(recurrent=N_SEQ * 4 * 2 * (6 + 3))
-    assert make(3).memory_breakdown().recurrent == N_SEQ * 4 * 4 * 2 * (6 + 3)
+    (part,) = make(0).memory_breakdown().parts
+    assert (part.kind, part.n_cells, part.used) == ("recurrent", N_SEQ, (0,))
+    assert part.nbytes == N_SEQ * 4 * 2 * (6 + 3)
+    assert make(3).memory_breakdown().states == N_SEQ * 4 * 4 * 2 * (6 + 3)
     spec = RecurrentSpec(LAYERS)
     params = MemoryParams(n_ctx_seq=256, n_seq_max=N_SEQ, n_ubatch=8, n_rs_seq=3)
     assert spec.memory_breakdown(params) == spec.build(params).memory_breakdown()
