@@ -152,7 +152,7 @@ def test_a_terminal_chat_starts_with_the_banner_and_ctrl_d_ends_the_line(tiny_ll
     text = out.decode("utf-8", "replace").replace("\r\n", "\n")
     assert os.waitstatus_to_exitcode(status) == 0, text
     assert "model      : tiny-llama (llama " in text and "n_ctx = 512" in text
-    assert "KV cache   : K f32, V f32, one stream per sequence" in text and "/exit" in text
+    assert "KV cache   : K f16, V f16, one stream per sequence" in text and "/exit" in text
     assert text.endswith("> \n"), repr(text[-40:])  # the shell's prompt starts on its own line
 
 
