@@ -144,7 +144,9 @@ def main() -> None:
 
     def ll_deep() -> None:
         for x, row in deep.items():
-            out = run([lb, "-m", gguf, *at_depth, "-ctk", x, "-ctv", x, "-fa", "on"])
+            # --repack 0: where the kernel grants no AMX tile state, llama.cpp's AMX repacking of
+            # the weights dies of SIGILL in the depth's prompt (its generation alone runs)
+            out = run([lb, "-m", gguf, *at_depth, "-ctk", x, "-ctv", x, "-fa", "on", "--repack", "0"])
             row.llama.append(bench_ts(out, 0, 32))
 
     if deep:
