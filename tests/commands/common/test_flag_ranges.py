@@ -69,6 +69,7 @@ TABLE: dict[tuple[str, ...], dict[str, list[str]]] = {
         "-p": ["-1"],
     },
     ("batched-bench",): {**CTX, "-npl": ["0"], "-npp": ["-1"], "-ntg": ["-1"]},
+    ("kv-types", "-p", "x"): {"-c": ["7"], "-b": ["0"], "-t": ["0"], "-tb": ["0"], "-ngl": ["-1"]},
     ("defrag-sim",): {
         "--clients": ["0", "65"],
         "--requests": ["0"],
