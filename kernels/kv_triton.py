@@ -14,13 +14,13 @@ from __future__ import annotations
 import torch
 
 from ._triton import jit, tl, triton
-from .dequant import IQ4_NL_VALUES
+from .dequant import IQ4_VALUES
 from .kv_quant import C_IDS, KVType
 
 
 def iq4_nl_table(device: torch.device) -> torch.Tensor:
     """IQ4_NL's 16 values, float32, for the kernels' lookups."""
-    return torch.tensor(IQ4_NL_VALUES, dtype=torch.float32, device=device)
+    return torch.tensor(IQ4_VALUES, dtype=torch.float32, device=device)
 
 
 @jit
