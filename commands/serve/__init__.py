@@ -161,7 +161,7 @@ def serve(
             callback=_check_parallel,
         ),
     ] = -1,
-    context: common.ContextFlags = common.ContextFlags(type_k="f16", type_v="f16"),  # llama-server's
+    context: common.ContextFlags = common.ContextFlags(),
     compaction: common.DefragFlags = common.DefragFlags(),
     cont_batching: common.ContBatchingOpt = True,
     cache_prompt: Annotated[

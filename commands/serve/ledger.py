@@ -1,7 +1,8 @@
 """The KV ledger: /slots (llama-server's slot objects, plus what each slot's sequence holds) and
 /metrics (llama-server's `llamacpp:` metrics, plus `kvtool:` ones for what no anchor reports:
-cells used and free per stream, bytes per memory kind, prompt tokens reused by where they came
-from, and requests that re-processed a prefix a slot held, by reason). Snapshots are taken on
+cells used and free per stream, bytes per memory kind and of K and V in their cache types,
+prompt tokens reused by where they came from, and requests that re-processed a prefix a slot
+held, by reason). Snapshots are taken on
 the engine's thread between two steps, so the numbers of one answer agree with each other."""
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def snapshot(sched: Scheduler) -> Snapshot:
     """What the ledger reports (run it on the engine's thread)."""
     ctx = sched.ctx
     mem = ctx.memory
-    parts = mem.breakdown()
+    parts = ctx.memory_breakdown().parts
     unified = ctx.params.kv_unified
     slots = []
     for s in sched.slots:
@@ -69,6 +70,7 @@ def snapshot(sched: Scheduler) -> Snapshot:
                 "kind": b.kind,
                 "used": b.used[0 if len(b.used) == 1 or unified else s.seq],
             }
+            | ({"type_k": b.type_k, "type_v": b.type_v} if b.type_k else {})
             for b in parts
         ]
         d: dict[str, Any] = {
@@ -96,6 +98,7 @@ def snapshot(sched: Scheduler) -> Snapshot:
             "cells": b.n_cells,
             "used": list(b.used),
         }
+        | ({"type_k": b.type_k, "type_v": b.type_v, "k": b.k, "v": b.v} if b.type_k else {})
         for b in parts
     ]
     busy = sum(s.busy for s in sched.slots)
@@ -156,13 +159,22 @@ class _Collector:
         nbytes = GaugeMetricFamily(
             "kvtool:kv_bytes", "Bytes the memory holds, per part", labels=["part", "kind"]
         )
+        kv = GaugeMetricFamily(
+            "kvtool:kv_tensor_bytes",
+            "Bytes of a KV cache's K or V tensors in their type (-ctk/-ctv)",
+            labels=["part", "kind", "tensor", "type"],
+        )
         for m in self.s.memory:
             nbytes.add_metric([m["part"], m["kind"]], m["bytes"])
+            if "type_k" in m:
+                kv.add_metric([m["part"], m["kind"], "k", m["type_k"]], m["k"])
+                kv.add_metric([m["part"], m["kind"], "v", m["type_v"]], m["v"])
             for i, used in enumerate(m["used"]):
                 cells.add_metric([m["part"], m["kind"], str(i), "used"], used)
                 cells.add_metric([m["part"], m["kind"], str(i), "free"], m["cells"] - used)
         yield cells
         yield nbytes
+        yield kv
         reused = CounterMetricFamily(
             "kvtool:prompt_tokens_reused", "Prompt tokens reused, by where they came from", labels=["source"]
         )

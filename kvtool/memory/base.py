@@ -41,19 +41,6 @@ class MemoryStatus(enum.Enum):
     FAILED_PREPARE = 2  # no room for the batch: nothing was changed
 
 
-@dataclass(frozen=True)
-class PartBreakdown:
-    """What one memory part holds (llama.cpp's memory_breakdown): its bytes as allocated and
-    its cells (state slots) per stream. `part` names it inside a composite ("" for a memory
-    of one part, "base"/"swa" of a sliding-window pair, "recurrent"/"attn" of a hybrid)."""
-
-    part: str
-    kind: str  # "attention" | "sliding_window" | "recurrent"
-    nbytes: int
-    n_cells: int  # per stream
-    used: tuple[int, ...]  # cells in use, per stream
-
-
 class MemoryRefused(KvtoolError):
     """A memory operation that cannot be done (no room, no rollback state...); nothing changed."""
 
@@ -209,10 +196,6 @@ class Memory(Protocol):
     def can_shift(self) -> bool: ...
     def n_used(self) -> int:
         """Cells (or state slots) in use: of the primary part, for a composite."""
-        ...
-
-    def breakdown(self) -> list[PartBreakdown]:
-        """Bytes and cells of every part, as this memory holds them (tensors asked, not derived)."""
         ...
 
     def memory_breakdown(self) -> MemoryBreakdown:

@@ -4,7 +4,6 @@ part, planned on all of them before any changes, so it is all or nothing."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kvtool.errors import StateError
@@ -16,7 +15,6 @@ from kvtool.memory.base import (
     MemoryPart,
     MemoryStatus,
     NoUpdate,
-    PartBreakdown,
     SeqOp,
     SeqOps,
 )
@@ -73,13 +71,6 @@ class Composite(SeqOps):
 
     def n_used(self) -> int:
         return next(iter(self.parts.values())).n_used()
-
-    def breakdown(self) -> list[PartBreakdown]:
-        return [
-            replace(b, part=f"{name}.{b.part}" if b.part else name)
-            for name, p in self.parts.items()
-            for b in p.breakdown()
-        ]
 
     def memory_breakdown(self) -> MemoryBreakdown:
         """Every part's bytes, named as the composite names it."""

@@ -22,7 +22,6 @@ from kvtool.memory.base import (
     MemoryRefused,
     NoUpdate,
     PartBatches,
-    PartBreakdown,
     SeqAdd,
     SeqCp,
     SeqDiv,
@@ -192,11 +191,6 @@ class KVCache(SeqOps, PartBatches):
 
     def can_shift(self) -> bool:
         return self.shift_fn is not None
-
-    def breakdown(self) -> list[PartBreakdown]:
-        nbytes = sum(t.nbytes for ts in (self.k, self.v) for t in ts.values())
-        kind = "attention" if self.params.swa is None else "sliding_window"
-        return [PartBreakdown("", kind, nbytes, self.n_cells, tuple(c.n_used() for c in self.cells))]
 
     def memory_breakdown(self) -> MemoryBreakdown:
         """The bytes of the K/V tensors allocated and of the cells' bookkeeping, the cells each

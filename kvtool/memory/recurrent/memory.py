@@ -31,7 +31,6 @@ from kvtool.memory.base import (
     MemoryRefused,
     NoUpdate,
     PartBatches,
-    PartBreakdown,
     SeqAdd,
     SeqCp,
     SeqDiv,
@@ -155,10 +154,6 @@ class RecurrentMemory(PartBatches, SeqOps):
 
     def n_used(self) -> int:
         return self.cells.n_used()
-
-    def breakdown(self) -> list[PartBreakdown]:
-        nbytes = sum(t.nbytes for ts in self.states.t.values() for t in ts.values())
-        return [PartBreakdown("", "recurrent", nbytes, self.n_seq_max, (self.n_used(),))]
 
     def init_update(self, optimize: bool = False) -> NoUpdate:
         return NoUpdate()

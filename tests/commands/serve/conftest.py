@@ -62,8 +62,8 @@ def start(*flags: str, port: int | None = None, model: Path = MODEL) -> Served:
 
 
 @contextmanager
-def serving(*flags: str, port: int | None = None) -> Iterator[Served]:
-    s = start(*flags, port=port)
+def serving(*flags: str, port: int | None = None, model: Path = MODEL) -> Iterator[Served]:
+    s = start(*flags, port=port, model=model)
     try:
         yield s
     finally:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import http.client
 import json
 import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -14,7 +16,8 @@ from typing import Any
 import openai
 import pytest
 
-from tests.commands.serve.conftest import Served, serving
+import kvtool
+from tests.commands.serve.conftest import MODEL, Served, serving
 
 LONG = "The quick brown fox jumps over the lazy dog. " * 12
 
@@ -364,3 +367,49 @@ def test_a_stop_during_a_stream_closes_it_between_whole_events() -> None:
     assert events[-1]["stop"] is True and 0 < events[-1]["tokens_predicted"] < 4000
     _, err = s.proc.communicate(timeout=30)
     assert s.proc.returncode == 0 and "Traceback" not in err and "serve: stopped" in err
+
+
+GEMMA3 = MODEL.parent / "tiny-gemma3.gguf"  # heads of 32: every block type tiles them
+Q8_0_ROW = 34  # bytes per 32 values
+
+
+def test_quantized_kv_types_in_the_ledger_and_a_completion() -> None:
+    """-ctk/-ctv q8_0 as llama-server takes them: a completion runs over the blocks, /slots names
+    the types, /metrics counts K and V in q8_0 blocks, per part, from the model's shapes."""
+    flags = ("-np", "2", "-c", "1024", "--metrics", "-ctk", "q8_0", "-ctv", "q8_0")
+    with serving(*flags, model=GEMMA3) as s:
+        status, _, r = post(
+            s.url, "/completion", {"prompt": "hello the cat", "n_predict": 4, "temperature": 0}
+        )
+        assert status == 200 and 1 <= r["tokens_predicted"] <= 4 and r["content"]
+        slots = json.loads(get(s.url, "/slots")[1])
+        cells = [c for slot in slots for c in slot["kv"]["cells"]]
+        assert cells and all((c["type_k"], c["type_v"]) == ("q8_0", "q8_0") for c in cells)
+        text = get(s.url, "/metrics")[1]
+    metrics = {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln[:1] != "#"}
+    m = kvtool.Model(GEMMA3)
+    hp, swa = m.hparams, m.memory_spec().swa_layers
+    for part, layers in (("base", [i for i in range(hp.n_layer) if i not in swa]), ("swa", sorted(swa))):
+        kind = "sliding_window" if part == "swa" else "attention"
+        n_cells = [
+            v for k, v in metrics.items() if k.startswith("kvtool:kv_cells{") and f'part="{part}"' in k
+        ]
+        rows = sum(n_cells)  # used + free over both streams (split KV: one per slot)
+        for t, hd in (("k", hp.head_dim_k), ("v", hp.head_dim_v)):
+            want = rows * sum(hp.n_head_kv[il] * hd // 32 * Q8_0_ROW for il in layers)
+            key = f'kvtool:kv_tensor_bytes{{kind="{kind}",part="{part}",tensor="{t}",type="q8_0"}}'
+            assert metrics[key] == want
+
+
+@pytest.mark.parametrize("flags", [["-ctk", "q3"], ["-ctv", "q8_0"]])
+def test_a_kv_type_is_refused_as_run_refuses_it(flags: list[str]) -> None:
+    """A type kvtool lacks, or one whose blocks do not tile the heads (tiny llama: 16): serve's
+    one error line is run's."""
+
+    def error(*verb: str) -> str:
+        cmd = [sys.executable, "-m", "kvtool.commands", *verb, "-m", str(MODEL), *flags]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: ")
+        return r.stderr
+
+    assert error("serve", "--port", "0") == error("run", "-p", "hi", "-n", "1", "--no-chat")

@@ -77,3 +77,21 @@ def test_a_hybrid_names_its_recurrent_and_attention_parts() -> None:
     assert parts["recurrent"].used == (1,) and parts["recurrent"].n_cells == 2  # state slots
     assert parts["attn"].used == (4, 0)
     assert held.states == parts["recurrent"].nbytes > 0 and held.kv_bytes == parts["attn"].nbytes > 0
+
+
+@pytest.mark.parametrize("n_rs_seq", [0, 3])
+def test_a_recurrent_memory_counts_its_states_and_snapshots(n_rs_seq: int) -> None:
+    """One part of n_seq_max state slots (the slot a sequence took is used), its bytes every
+    slot's F32 states and each of their n_rs_seq snapshots."""
+    m = model("mamba2")
+    p = kvtool.ContextParams(n_ctx=768, n_seq_max=3, n_rs_seq=n_rs_seq)
+    ctx = kvtool.Context(m, p)
+    kvtool.decode_tokens(ctx, [5, 6, 7], 2, 0)
+    (b,) = ctx.memory_breakdown().parts
+    assert (b.part, b.kind, b.n_cells, b.used) == ("", "recurrent", 3, (1,))
+    assert b.nbytes == ctx.memory_breakdown().states
+    alone = kvtool.Context(m, kvtool.ContextParams(n_ctx=768, n_seq_max=3))
+    assert b.nbytes == (1 + n_rs_seq) * alone.memory_breakdown().states  # snapshots are states
+    states = ctx.memory.states.t  # type: ignore[attr-defined]
+    per_slot = sum(t[0].numel() for name in ("conv", "ssm") for t in states[name].values())
+    assert b.nbytes == 3 * 4 * (1 + n_rs_seq) * per_slot
