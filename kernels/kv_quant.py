@@ -2,9 +2,11 @@
 
 A float cache (f32, f16, bf16) stores rows in that dtype. A quantized cache stores each row as
 the GGUF blocks of its type, `block` values in `block_bytes` bytes (q8_0: 32 values in 34), as
-uint8. `quantize` is ggml's quantize_row_*_ref, which llama.cpp's set_rows runs when it stores
-K/V rows on the CPU, bit for bit (every float operation the same, in the same order, each
-rounded to float32); `dequantize` is kernels/dequant.py (gguf.quants' bits).
+uint8. `quantize` is what llama.cpp's set_rows runs when it stores K/V rows on the CPU (the
+type's from_float), bit for bit (every float operation the same, in the same order, each
+rounded to float32): ggml's quantize_row_*_ref, except q8_0, whose from_float is the SIMD
+quantizer of the x86 build (scale 127 / max|x|, ties to even); `dequantize` is
+kernels/dequant.py (gguf.quants' bits).
 
 ggml's CPU flash attention does not dequantize K: it quantizes each query row to K's
 `vec_dot` type (q8_0, or q8_1 for the affine q4_1/q5_1) and takes integer dot products block by
@@ -147,17 +149,19 @@ def _q5_1(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([_half_bytes(d), _half_bytes(lo), _pack_high_bits(q), _pack_nibbles(q & 15)], dim=1)
 
 
-def _roundf(x: torch.Tensor) -> torch.Tensor:
-    """C's roundf (ties away from zero), exact: x - trunc(x) is exact in float32."""
-    t = x.trunc()
-    return t + torch.where((x - t).abs() >= 0.5, x.sign(), torch.zeros_like(x))
+def _q8_x86(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ggml's x86 quantize_row_q8_0 of blocks x [n, 32]: (d [n, 1], the integers as float32);
+    scale 127 / max|x| (not 1 / d as the _ref quantizer), ties to even (not away from zero)."""
+    amax = x.abs().amax(dim=1, keepdim=True)
+    inv = torch.where(amax != 0, 127.0 / amax, torch.zeros_like(amax))
+    return amax / 127, torch.round(x * inv)
 
 
 def _q8_0(x: torch.Tensor) -> torch.Tensor:
-    d = x.abs().amax(dim=1, keepdim=True) / 127
-    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
-    q = _roundf(x * inv).to(torch.int8).view(torch.uint8)
-    return torch.cat([_half_bytes(d), q], dim=1)
+    # llama.cpp's CPU set_rows stores with the type's from_float, for q8_0 the SIMD quantizer
+    # (the other types' from_float is their _ref)
+    d, ints = _q8_x86(x)
+    return torch.cat([_half_bytes(d), ints.to(torch.int8).view(torch.uint8)], dim=1)
 
 
 def _iq4_nl(x: torch.Tensor) -> torch.Tensor:
@@ -225,11 +229,7 @@ def quantize_q(q: torch.Tensor, vec_dot: str) -> tuple[torch.Tensor, torch.Tenso
     fp16(d * sum(q)), through which an affine K's minimum enters the dot product."""
     if vec_dot not in ("q8_0", "q8_1"):
         raise ValueError(f"no query quantization for '{vec_dot}'")
-    x = q.float().reshape(-1, QK)
-    amax = x.abs().amax(dim=1, keepdim=True)
-    inv = torch.where(amax != 0, 127.0 / amax, torch.zeros_like(amax))
-    d = amax / 127
-    ints = torch.round(x * inv)
+    d, ints = _q8_x86(q.float().reshape(-1, QK))
     values = (ints * d.to(torch.float16).float()).reshape(q.shape)
     if vec_dot == "q8_0":
         return values, None

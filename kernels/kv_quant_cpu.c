@@ -1,6 +1,7 @@
 /* K/V rows stored into a cache of any type: kernels/kv_quant.py's `quantize` (ggml's
- * quantize_row_*_ref, which llama.cpp's set_rows runs on the CPU) in C, the same float operations
- * in the same order, so the blocks have the same bytes; float types are rounded to nearest even.
+ * quantize_row_*_ref, for q8_0 its x86 quantizer: what llama.cpp's set_rows runs on the CPU) in
+ * C, the same float operations in the same order, so the blocks have the same bytes; float types
+ * are rounded to nearest even.
  * Multiply-adds are kept apart (as in rope_store_cpu.c): IQ4_NL's least-squares sums are
  * products then sums, as torch computes them. */
 
@@ -45,12 +46,14 @@ static float signed_max(const float *x) {
     return max;
 }
 
+/* ggml's x86 quantize_row_q8_0 (q8_0's from_float, which llama.cpp's set_rows runs): scale
+ * 127 / max|x|, not the _ref's 1 / d; round to nearest even (rintf), not roundf's away from zero. */
 KEEP_ROUNDING static void block_q8_0(const float *x, uint8_t *y) {
     float amax = 0.0f;
     for (int j = 0; j < KV_QK; j++) amax = fmaxf(amax, fabsf(x[j]));
-    const float d = amax / 127, id = d ? 1.0f / d : 0.0f;
-    put_half(y, d);
-    for (int j = 0; j < KV_QK; j++) y[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    put_half(y, amax / 127.0f);
+    for (int j = 0; j < KV_QK; j++) y[2 + j] = (uint8_t)(int8_t)rintf(x[j] * id);
 }
 
 /* q4_0 (levels 16, offset 8.5) and q5_0 (32, 16.5): d = max / -(levels / 2). */

@@ -89,10 +89,12 @@ def load_mins(row_ptr, b, ok, BB: tl.constexpr):
 
 
 @jit
-def _roundf(y):
-    # C's roundf: ties away from zero, exact (y - trunc(y) is exact in float32)
-    t = y.to(tl.int32).to(tl.float32)
-    return t + tl.where(tl.abs(y - t) >= 0.5, tl.where(y < 0, -1.0, 1.0), 0.0)
+def _rint(y):
+    # round to nearest, ties to even (x86's _mm256_round_ps), exact: y - floor(y) is exact in float32
+    f = tl.floor(y)
+    r = y - f
+    odd = (f.to(tl.int32) & 1) == 1
+    return f + tl.where((r > 0.5) | ((r == 0.5) & odd), 1.0, 0.0)
 
 
 @jit
@@ -152,12 +154,12 @@ def _store_blocks_kernel(
     lo = tl.load(src + offs).to(tl.float32)  # elements 0-15: low nibbles
     hi = tl.load(src + 16 + offs).to(tl.float32)  # 16-31: high nibbles
     out = dst_ptr + tl.load(idx_ptr + i) * stride_dst + b * BB
-    if TYPE == 3:  # q8_0
-        d = tl.maximum(tl.max(tl.abs(lo), axis=0), tl.max(tl.abs(hi), axis=0)) / 127.0
-        inv = _inverse(d)
-        _put_half(out, d)
-        tl.store(out + 2 + offs, _roundf(lo * inv).to(tl.int32).to(tl.int8).to(tl.uint8, bitcast=True))
-        tl.store(out + 18 + offs, _roundf(hi * inv).to(tl.int32).to(tl.int8).to(tl.uint8, bitcast=True))
+    if TYPE == 3:  # q8_0, as ggml's x86 quantize_row_q8_0 (llama.cpp's CPU set_rows)
+        amax = tl.maximum(tl.max(tl.abs(lo), axis=0), tl.max(tl.abs(hi), axis=0))
+        inv = tl.where(amax != 0.0, 127.0 / tl.where(amax != 0.0, amax, 1.0), 0.0)
+        _put_half(out, amax / 127.0)
+        tl.store(out + 2 + offs, _rint(lo * inv).to(tl.int32).to(tl.int8).to(tl.uint8, bitcast=True))
+        tl.store(out + 18 + offs, _rint(hi * inv).to(tl.int32).to(tl.int8).to(tl.uint8, bitcast=True))
     elif TYPE == 4:  # q4_0
         _sym_block(lo, hi, offs, out, 8)
     elif TYPE == 6:  # q5_0

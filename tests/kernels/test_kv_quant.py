@@ -26,7 +26,7 @@ from kvtool.kernels.kv_quant import (
 )
 
 QUANT = [t for t in KV_TYPES.values() if t.quantized]
-GGUF_QUANT = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]  # gguf-py has their quantizers
+GGUF_QUANT = ["q4_0", "q4_1", "q5_0", "q5_1"]  # gguf-py has their (_ref) quantizers
 
 
 def rows(n_rows: int, n: int, seed: int) -> np.ndarray:
@@ -44,6 +44,27 @@ def test_quantize_is_gguf_quants_bit_for_bit(name: str) -> None:
     x = rows(64, 256, seed=len(name))
     ours = quantize(torch.from_numpy(x), KV_TYPES[name]).numpy()
     np.testing.assert_array_equal(ours, gguf_quantize(x, T[name.upper()]))
+
+
+def test_q8_0_is_stored_as_ggml_x86_quantize_row_q8_0() -> None:
+    """llama.cpp's CPU set_rows stores q8_0 with from_float, the x86 SIMD quantizer: scale 127 /
+    max|x| (the _ref's 1 / (max / 127) differs in its last bit), ties to even (the _ref rounds
+    them away from zero); the scale's fp16 is the _ref's. Against that code, in numpy."""
+    x = rows(64, 256, seed=8)
+    x[3, :4] = [127.0, 0.5, 1.5, -2.5]  # max 127: every other value of the block exactly a tie
+    blocks = x.reshape(-1, 32)
+    amax = np.abs(blocks).max(axis=1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+    ints = np.rint(blocks * inv).astype(np.int8)  # rint: ties to even, as _mm256_round_ps
+    d = (amax / np.float32(127.0)).astype(np.float16)
+    want = np.concatenate([d.view(np.uint8), ints.view(np.uint8)], axis=1).reshape(64, -1)
+    ours = quantize(torch.from_numpy(x), KV_TYPES["q8_0"]).numpy()
+    np.testing.assert_array_equal(ours, want)
+    assert ours[3, 2:6].view(np.int8).tolist() == [127, 0, 2, -2]
+    ref = gguf_quantize(x, T.Q8_0)  # the _ref quantizer: the same scales, ties away from zero
+    assert ref[3, 2:6].view(np.int8).tolist() == [127, 1, 2, -3]
+    np.testing.assert_array_equal(ours.reshape(-1, 34)[:, :2], ref.reshape(-1, 34)[:, :2])
 
 
 @pytest.mark.parametrize("t", QUANT, ids=lambda t: t.name)
