@@ -111,16 +111,26 @@ def check_kv_blocks(device: str, quick: bool = False) -> None:
         store_kv_triton(got, s, i, t)
         diff = (got.cpu().view(-1, t.block_bytes) != want.view(-1, t.block_bytes)).any(0)
         assert not diff[2:].any() and (t.name == "iq4_nl" or not diff.any()), t.name
+    tol = test_kv_triton.TOL  # the interpreter tests' own
     for tk, tv in test_kv_triton.PAIRS[:1] if quick else test_kv_triton.PAIRS:
-        q, k, v, a, b, gen = test_kv_triton.operands(tk, tv, 2, 3, 8, 2, 128, 700, seed=1)
-        mask = torch.zeros(2, 3, 700)
-        mask[torch.rand(2, 3, 700, generator=gen) < 0.3] = float("-inf")
-        want = attention_ref(q, k, v, mask, 0.1, a, b)
-        for n_split in (1, 3):
-            got = attention_triton(*_on(device, q, k, v, mask), 0.1, n_split=n_split, tk=a, tv=b)
-            torch.testing.assert_close(
-                got.cpu(), want, rtol=1e-4, atol=1e-4, msg=lambda m, tk=tk, tv=tv: f"{tk} {tv}: {m}"
-            )
+        shapes = [(2, 3, 8, 2, 128, 700, 1), (2, 3, 8, 2, 128, 700, 3), *test_kv_triton.SHAPES]
+        for S, n_q, H, Hkv, D, n_kv, n_split in shapes[:1] if quick else shapes:
+            q, k, v, a, b, gen = test_kv_triton.operands(tk, tv, S, n_q, H, Hkv, D, n_kv, seed=S + n_q + D)
+            mask = torch.zeros(S, n_q, n_kv)
+            mask[torch.rand(S, n_q, n_kv, generator=gen) < 0.3] = float("-inf")
+            want = attention_ref(q, k, v, mask, 0.125, a, b)
+            got = attention_triton(*_on(device, q, k, v, mask), 0.125, n_split=n_split, tk=a, tv=b)
+            torch.testing.assert_close(got.cpu(), want, **tol, msg=lambda m, tk=tk, tv=tv: f"{tk} {tv}: {m}")
+    for tk, tv in test_kv_triton.PAIRS[:1] if quick else test_kv_triton.PAIRS[:4]:
+        case = test_kv_triton.SWA_CASE
+        q, k, v, a, b, _ = test_kv_triton.operands(tk, tv, 2, 4, 4, 2, 64, 90, seed=7)
+        c = make_cells(case, seed=3)
+        want = attention_cells_ref(q, k, v, c, 0.125, a, b)
+        dc = Cells(*_on(device, c.pos, c.seq, c.q_pos, c.q_seq), c.swa, c.n_swa, c.causal)
+        got = attention_cells_triton(*_on(device, q, k, v), dc, 0.125, tk=a, tv=b)
+        torch.testing.assert_close(
+            got.cpu(), want, **tol, msg=lambda m, tk=tk, tv=tv: f"cells {tk} {tv}: {m}"
+        )
 
 
 def check_dequant(device: str, quick: bool = False) -> None:

@@ -44,6 +44,9 @@ def test_store_writes_the_reference_blocks(t) -> None:  # type: ignore[no-untype
     assert (d_got.int() - d_want.int()).abs().max() <= 1
 
 
+TOL = {"rtol": 1e-5, "atol": 1e-5}  # device_checks.py holds the CUDA runs to these too
+SHAPES = [(2, 3, 4, 2, 64, 40, None), (1, 20, 2, 1, 32, 70, None), (1, 1, 4, 2, 96, 600, 3)]
+SWA_CASE = CellCase("swa", 2, 4, 4, 2, 64, 90, n_seq=2, swa="standard", n_swa=16)
 PAIRS = [
     ("q8_0", "q8_0"),
     ("q4_0", "f16"),
@@ -64,10 +67,7 @@ def operands(tk: str, tv: str, S: int, n_q: int, H: int, Hkv: int, D: int, n_kv:
 
 
 @pytest.mark.parametrize(("tk", "tv"), PAIRS)
-@pytest.mark.parametrize(
-    ("S", "n_q", "H", "Hkv", "D", "n_kv", "n_split"),
-    [(2, 3, 4, 2, 64, 40, None), (1, 20, 2, 1, 32, 70, None), (1, 1, 4, 2, 96, 600, 3)],
-)
+@pytest.mark.parametrize(("S", "n_q", "H", "Hkv", "D", "n_kv", "n_split"), SHAPES)
 def test_attention_over_blocks(
     tk: str, tv: str, S: int, n_q: int, H: int, Hkv: int, D: int, n_kv: int, n_split: int | None
 ) -> None:
@@ -76,14 +76,13 @@ def test_attention_over_blocks(
     mask[torch.rand(S, n_q, n_kv, generator=g) < 0.3] = float("-inf")
     got = attention_triton(q, k, v, mask, 0.125, n_split=n_split, tk=a, tv=b)
     want = attention_ref(q, k, v, mask, 0.125, a, b)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, want, **TOL)
 
 
 @pytest.mark.parametrize(("tk", "tv"), PAIRS[:4])
 def test_cells_attention_over_blocks(tk: str, tv: str) -> None:
-    case = CellCase("swa", 2, 4, 4, 2, 64, 90, n_seq=2, swa="standard", n_swa=16)
     q, k, v, a, b, _ = operands(tk, tv, 2, 4, 4, 2, 64, 90, seed=7)
-    cells = make_cells(case, seed=3)
+    cells = make_cells(SWA_CASE, seed=3)
     got = attention_cells_triton(q, k, v, cells, 0.125, tk=a, tv=b)
     want = attention_cells_ref(q, k, v, cells, 0.125, a, b)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, want, **TOL)
