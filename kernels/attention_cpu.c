@@ -8,7 +8,9 @@
  * contiguous last dimension, so the cache is never copied or dequantized as a whole. Over a
  * quantized K the query row is quantized to q8_0/q8_1 and each key is an integer dot product
  * per block, as ggml's CPU flash attention computes it. One task item per (stream, query head):
- * scores into a buffer, their maximum, exp and sum, then the weighted sum of V rows. */
+ * scores into a buffer, their maximum, exp and sum, then the weighted sum of V rows; over a
+ * quantized V (llama.cpp needs flash attention for one) the softmax is ggml's online one, key by
+ * key in its order and roundings (online_sum). */
 
 #include <math.h>
 #include <stdint.h>
@@ -119,6 +121,7 @@ static inline __attribute__((always_inline)) float scores_of_type(const attn_t *
                                                                   const float *m, float *sc, const int type) {
     const int64_t kstride = A->sk_c * elem_size(type), vstride = A->sv_c * elem_size(A->v_type);
     const int64_t kbytes = kv_row_bytes(type, A->D), vbytes = kv_row_bytes(A->v_type, A->Dv);
+    const int fa = kv_quantized(A->v_type); /* computed as ggml's flash attention (online_quant) */
     float mx = -INFINITY;
     for (int64_t c = 0; c < A->n_kv; c++) {
         if (c + KV_AHEAD < A->n_kv) { /* V too: the weighted sum reads it next */
@@ -131,9 +134,12 @@ static inline __attribute__((always_inline)) float scores_of_type(const attn_t *
         }
         const float dot = kv_quantized(type) ? kvb_dot_q(kb + c * kstride, type, Q->q, Q->d, Q->s, A->D)
                                              : dot_row(q, kb + c * kstride, type, A->D);
-        sc[c] = dot * A->scale;
-        if (A->softcap != 0.0f) sc[c] = tanhf(sc[c] * (1.0f / A->softcap)) * A->softcap;
-        sc[c] += m[c];
+        if (A->softcap == 0.0f)
+            sc[c] = dot * A->scale + m[c];
+        else if (fa) /* ggml's flash attention: the scale divided by the cap first */
+            sc[c] = A->softcap * tanhf(dot * (A->scale / A->softcap)) + m[c];
+        else /* llama.cpp's graph without flash attention: scale, times 1 / cap, tanh, times cap */
+            sc[c] = tanhf(dot * A->scale * (1.0f / A->softcap)) * A->softcap + m[c];
         if (sc[c] > mx) mx = sc[c];
     }
     return mx;
@@ -242,54 +248,95 @@ static inline __attribute__((always_inline)) void add_blocks(__m256 *a, float w,
 }
 #endif
 
-/* sum_float for a quantized V: o += sum_c w[c] v[c] with each V value d * q (+ m) of its block,
- * read block by block (no row is dequantized into memory); 64 columns kept in registers over
- * all rows, as for a float V. */
-static inline __attribute__((always_inline)) void sum_quant(float *o, const float *w, const uint8_t *v,
-                                                             int64_t stride, int64_t n, int type, int64_t Dv) {
+static void weighted_sum(const attn_t *A, float *o, const float *w, const uint8_t *vb) {
+    const int64_t stride = A->sv_c * elem_size(A->v_type), n = A->n_kv, Dv = A->Dv;
+    switch (A->v_type) { /* one copy per float V type, as for the scores (a quantized V: online_sum) */
+    case KV_F16: sum_float(o, w, vb, stride, n, KV_F16, Dv); break;
+    case KV_BF16: sum_float(o, w, vb, stride, n, KV_BF16, Dv); break;
+    default: sum_float(o, w, vb, stride, n, KV_F32, Dv); break;
+    }
+}
+
+/* The weights of ggml's CPU flash attention (llama.cpp needs it for a quantized V): keys in
+ * order with a running maximum M; at key c the output so far is scaled by ms[c] (expf(Mold - M)
+ * on a new maximum, else 1) and gets v[c] times vs[c] (1 on a new maximum, else expf(s - M));
+ * hidden keys: ms 1, vs 0. ms may be sc (each score is read before its ms is written). Returns
+ * the sum S, accumulated as ggml's (S = S * ms + vs). */
+static float online_weights(const float *sc, int64_t n, float *ms, float *vs) {
+    float M = -INFINITY, S = 0.0f;
+    for (int64_t c = 0; c < n; c++) {
+        const float s = sc[c];
+        if (s == -INFINITY) {
+            ms[c] = 1.0f, vs[c] = 0.0f;
+            continue;
+        }
+        if (s > M) {
+            ms[c] = expf(M - s), vs[c] = 1.0f;
+            M = s;
+        } else {
+            ms[c] = 1.0f, vs[c] = expf(s - M);
+        }
+        S = S * ms[c] + vs[c];
+    }
+    return S;
+}
+
+/* o = sum over keys of ggml's online steps (o = o * ms[c], then o = fma(v[c], vs[c], o), each V
+ * value d q (+ m) as its to_float gives it), then o / S: the roundings of ggml's loop, so a later
+ * layer that quantizes this output rounds as llama.cpp's does (a two-pass softmax differs in the
+ * last bits, enough to flip a q8_0 step). 64 columns at a time kept in registers over all keys
+ * (no row is dequantized into memory). */
+static inline __attribute__((always_inline)) void sum_online(float *o, const float *ms, const float *vs,
+                                                              const uint8_t *v, int64_t stride, int64_t n,
+                                                              int type, int64_t Dv, float S) {
     const int64_t nb = Dv / KV_QK;
 #ifdef KV_AVX2
     for (int64_t b0 = 0; b0 < nb; b0 += 2) {
         const int nblk = b0 + 1 < nb ? 2 : 1;
-        float *ob = o + b0 * KV_QK;
         __m256 a[8];
-        for (int r = 0; r < 4 * nblk; r++) a[r] = _mm256_loadu_ps(ob + 8 * r);
+        for (int r = 0; r < 8; r++) a[r] = _mm256_setzero_ps();
         for (int64_t c = 0; c < n; c++) {
-            if (w[c] == 0.0f) continue;
-            if (nblk == 2) add_blocks(a, w[c], v + c * stride, b0, 2, type);
-            else add_blocks(a, w[c], v + c * stride, b0, 1, type);
+            if (vs[c] == 0.0f) continue; /* hidden (or a weight that underflowed: adds nothing) */
+            if (ms[c] != 1.0f) {
+                const __m256 m8 = _mm256_set1_ps(ms[c]);
+                for (int r = 0; r < 4 * nblk; r++) a[r] = _mm256_mul_ps(a[r], m8);
+            }
+            if (nblk == 2) add_blocks(a, vs[c], v + c * stride, b0, 2, type);
+            else add_blocks(a, vs[c], v + c * stride, b0, 1, type);
         }
-        for (int r = 0; r < 4 * nblk; r++) _mm256_storeu_ps(ob + 8 * r, a[r]);
+        for (int r = 0; r < 4 * nblk; r++) _mm256_storeu_ps(o + b0 * KV_QK + 8 * r, a[r]);
     }
 #else
     const int bb = kv_unit_bytes(type);
     int8_t q[KV_QK];
     for (int64_t c = 0; c < n; c++) {
-        if (w[c] == 0.0f) continue;
+        if (vs[c] == 0.0f) continue;
+        if (ms[c] != 1.0f)
+            for (int64_t j = 0; j < Dv; j++) o[j] *= ms[c];
         for (int64_t b = 0; b < nb; b++) {
             float d, m;
             kvb_decode(v + c * stride + b * bb, type, q, &d, &m);
             for (int j = 0; j < KV_QK; j++) {
                 const float x = q[j] * d; /* rounded before m is added, as ggml's to_float */
-                o[b * KV_QK + j] += w[c] * (kv_affine(type) ? x + m : x);
+                o[b * KV_QK + j] = fmaf(kv_affine(type) ? x + m : x, vs[c], o[b * KV_QK + j]);
             }
         }
     }
 #endif
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int64_t j = 0; j < Dv; j++) o[j] *= inv;
 }
 
-static void weighted_sum(const attn_t *A, float *o, const float *w, const uint8_t *vb) {
-    const int64_t stride = A->sv_c * elem_size(A->v_type), n = A->n_kv, Dv = A->Dv;
-    switch (A->v_type) { /* one copy per V type, as for the scores */
-    case KV_F16: sum_float(o, w, vb, stride, n, KV_F16, Dv); break;
-    case KV_BF16: sum_float(o, w, vb, stride, n, KV_BF16, Dv); break;
-    case KV_Q8_0: sum_quant(o, w, vb, stride, n, KV_Q8_0, Dv); break;
-    case KV_Q4_0: sum_quant(o, w, vb, stride, n, KV_Q4_0, Dv); break;
-    case KV_Q4_1: sum_quant(o, w, vb, stride, n, KV_Q4_1, Dv); break;
-    case KV_Q5_0: sum_quant(o, w, vb, stride, n, KV_Q5_0, Dv); break;
-    case KV_Q5_1: sum_quant(o, w, vb, stride, n, KV_Q5_1, Dv); break;
-    case KV_IQ4_NL: sum_quant(o, w, vb, stride, n, KV_IQ4_NL, Dv); break;
-    default: sum_float(o, w, vb, stride, n, KV_F32, Dv); break;
+static void online_sum(const attn_t *A, float *o, float *sc, float *w, const uint8_t *vb) {
+    const int64_t stride = A->sv_c, n = A->n_kv, Dv = A->Dv;
+    const float S = online_weights(sc, n, sc, w);
+    switch (A->v_type) {
+    case KV_Q8_0: sum_online(o, sc, w, vb, stride, n, KV_Q8_0, Dv, S); break;
+    case KV_Q4_0: sum_online(o, sc, w, vb, stride, n, KV_Q4_0, Dv, S); break;
+    case KV_Q4_1: sum_online(o, sc, w, vb, stride, n, KV_Q4_1, Dv, S); break;
+    case KV_Q5_0: sum_online(o, sc, w, vb, stride, n, KV_Q5_0, Dv, S); break;
+    case KV_Q5_1: sum_online(o, sc, w, vb, stride, n, KV_Q5_1, Dv, S); break;
+    default: sum_online(o, sc, w, vb, stride, n, KV_IQ4_NL, Dv, S); break;
     }
 }
 
@@ -305,6 +352,7 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
     const int64_t n = A->n_kv > 0 ? A->n_kv : 1, nb = A->D / KV_QK + 1;
     float *sc = malloc(scratch_bytes(A->n_kv, A->D));
     if (!sc) return; /* the caller checked a buffer of this size could be had */
+    const int online = kv_quantized(A->v_type);
     float *w = sc + n;
     qrow_t Q = {(int8_t *)(w + n + 2 * nb), w + n, w + n + nb};
     const int qk = kv_quantized(A->k_type);
@@ -321,6 +369,10 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
             if (qk) kvb_quantize_q(q, A->D, Q.q, Q.d, Q.s);
             const float mx = scores(A, q, &Q, kb, vb, m, sc);
             if (mx == -INFINITY) continue; /* sees no key: zeros */
+            if (online) {
+                online_sum(A, o, sc, w, vb);
+                continue;
+            }
             const float sum = exp_row(w, sc, mx, A->n_kv);
             weighted_sum(A, o, w, vb);
             const float inv = 1.0f / sum;

@@ -1,6 +1,7 @@
 """Quantized K/V caches against llama.cpp's tiny gemma3 runs with the same cache type (the
 oracle README, section 8: flash attention on, q8_0, q4_0, q5_1 and iq4_nl; heads of 32, so no
-Hadamard rotation), on the CPU kernels and on the CUDA path (cells + Triton, interpreted).
+Hadamard rotation), on the CPU kernels and on the CUDA path (cells + Triton, interpreted); whole
+runs of tiny gemma2 and qwen3 too.
 
 llama.cpp quantizes each query row to q8_0 (q8_1 for an affine K) before its dot products with
 a quantized K; kvtool does the same, and the logits agree to float rounding (2e-7) until one
@@ -26,20 +27,25 @@ TYPES = ["q8_0", "q4_0", "q5_1", "iq4_nl"]
 FIRST_ROWS = 12  # of the single scenario's 24-token prompt
 
 
-def spread(scenario: str, unified: int) -> float:
+def spread(scenario: str, unified: int, arch: str = "gemma3") -> float:
     """llama.cpp against itself: its flash-attention run against its plain one (F32 K/V)."""
-    on = np.load(DATA / "gemma3" / f"{scenario}_kvu{unified}.npz")["logits"]
-    off = np.load(DATA / "gemma3" / f"{scenario}_kvu{unified}_faoff.npz")["logits"]
+    on = np.load(DATA / arch / f"{scenario}_kvu{unified}.npz")["logits"]
+    off = np.load(DATA / arch / f"{scenario}_kvu{unified}_faoff.npz")["logits"]
     return rel_err(on, off)
 
 
 @pytest.mark.parametrize("unified", [0, 1])
 @pytest.mark.parametrize("scenario", ["single", "multi"])
 @pytest.mark.parametrize("kv", ["q8_0", "iq4_nl"])
-def test_whole_runs_within_llama_cpp_spread(kv: str, scenario: str, unified: int) -> None:
-    z = np.load(DATA / "gemma3" / f"{scenario}_kvu{unified}_kv{kv}.npz")
-    got = replay(tiny_model("gemma3"), z, bool(unified), kv)
-    assert rel_err(got, z["logits"]) <= max(1e-3, 2 * spread(scenario, unified))
+@pytest.mark.parametrize("arch", ["gemma3", "gemma2", "qwen3"])
+def test_whole_runs_within_llama_cpp_spread(arch: str, kv: str, scenario: str, unified: int) -> None:
+    """Gemma 2: soft-capped scores and a sliding window of 8 over quantized blocks; Qwen 3:
+    heads of 64 (llama.cpp's Hadamard rotation on). Gemma 2's q8_0 single run is within the rule
+    only with ggml's online softmax over a quantized V (attention_cpu.c's online_sum: a two-pass
+    softmax flips a q8_0 step of a later layer's K, 2.02e-3 against 2.0e-3)."""
+    z = np.load(DATA / arch / f"{scenario}_kvu{unified}_kv{kv}.npz")
+    got = replay(tiny_model(arch), z, bool(unified), kv)
+    assert rel_err(got, z["logits"]) <= max(1e-3, 2 * spread(scenario, unified, arch))
 
 
 def median_row_err(kv: str, unified: int) -> float:
@@ -72,4 +78,4 @@ def test_cuda_path_over_blocks(kv: str) -> None:
     here) gives llama.cpp's numbers as the CPU kernels do."""
     assert median_row_err(kv, 0) <= 1e-6
     if kv != "q5_1":
-        test_whole_runs_within_llama_cpp_spread(kv, "single", 0)
+        test_whole_runs_within_llama_cpp_spread("gemma3", kv, "single", 0)
