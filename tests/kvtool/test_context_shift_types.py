@@ -50,7 +50,7 @@ def test_shifted_rows_are_dequantized_rotated_and_quantized(
     rows = dequantize(before[moved], t, 64)
     if cache.rot_k:
         rows = fwht(rows, cache.rot_k)
-    rows = llama64.impl.rope_shift(0, rows, torch.full((len(moved),), 7))
+    rows = llama64.impl.kv.rope_shift(0, rows, torch.full((len(moved),), 7))
     if cache.rot_k:
         rows = fwht(rows, cache.rot_k)
     after = cache.k[0][0]
