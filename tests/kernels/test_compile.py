@@ -24,8 +24,14 @@ ATTENTION = [
 ]
 
 
+# quantized caches: (K type, V type, split, cells) as kv_quant.C_IDS names: an affine K (the
+# query's block sums), the table type, a one-byte type
+QUANTIZED = [("q4_1", "iq4_nl", False, False), ("q8_0", "q5_0", True, True), ("iq4_nl", "q5_1", True, False)]
+
+
 def compile_all() -> None:  # runs in `compile_in_subprocess`
-    from kvtool.kernels import attention, store_kv
+    from kvtool.kernels import attention, kv_triton, store_kv
+    from kvtool.kernels.kv_quant import C_IDS, KV_TYPES
 
     def build(fn, pointers: dict[str, str], constexprs: dict[str, object], **options) -> None:
         # every argument that is neither a pointer nor a constexpr is an int32, but the scale
@@ -36,12 +42,26 @@ def compile_all() -> None:  # runs in `compile_in_subprocess`
 
     partials = dict(m_ptr="fp32", l_ptr="fp32", acc_ptr="fp32")
     meta = dict(cpos_ptr="i64", cseq_ptr="i64", qpos_ptr="i64", qseq_ptr="i64")
+    extra = dict(table_ptr="fp32", qs_ptr="fp32")
+    blocks = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, BLOCK_DV=128)
+    floats = dict(KT=0, VT=0, BBK=0, BBV=0, NB=16)
     for q, kv, split, cells, swa in ATTENTION:
-        pointers = dict(q_ptr=q, k_ptr=kv, v_ptr=kv, mask_ptr="fp32", o_ptr=q, **meta, **partials)
-        blocks = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_D=128, BLOCK_DV=128)
+        pointers = dict(q_ptr=q, k_ptr=kv, v_ptr=kv, mask_ptr="fp32", o_ptr=q, **meta, **partials, **extra)
         modes = dict(CELLS=cells, SWA=swa, CAUSAL=True)
-        constexprs = dict(F16=q == kv == "fp16", SPLIT=split, **modes, **blocks)
+        constexprs = dict(F16=q == kv == "fp16", SPLIT=split, **modes, **blocks, **floats)
         build(attention._attention_kernel, pointers, constexprs, num_stages=3)
+    for tk, tv, split, cells in QUANTIZED:
+        pointers = dict(
+            q_ptr="fp32", k_ptr="u8", v_ptr="u8", mask_ptr="fp32", o_ptr="fp32", **meta, **partials
+        )
+        a, b = KV_TYPES[tk], KV_TYPES[tv]
+        types = dict(KT=C_IDS[tk], VT=C_IDS[tv], BBK=a.block_bytes, BBV=b.block_bytes, NB=16)
+        modes = dict(CELLS=cells, SWA=0, CAUSAL=True)
+        constexprs = dict(F16=False, SPLIT=split, **modes, **blocks, **types)
+        build(attention._attention_kernel, pointers | extra, constexprs, num_stages=3)
+    for t in (t for t in KV_TYPES.values() if t.quantized):
+        pointers = dict(dst_ptr="u8", src_ptr="fp32", idx_ptr="i64", table_ptr="fp32")
+        build(kv_triton._store_blocks_kernel, pointers, dict(TYPE=C_IDS[t.name], BB=t.block_bytes))
     build(attention._attention_reduce_kernel, dict(o_ptr="bf16", **partials), dict(BLOCK_M=16, BLOCK_DV=128))
     build(store_kv._store_kv_kernel, dict(dst_ptr="bf16", src_ptr="fp32", idx_ptr="i64"), dict(BLOCK=1024))
 
