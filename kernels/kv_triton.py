@@ -11,6 +11,8 @@ the low nibble and j + 16 in the high one).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ._triton import jit, tl, triton
@@ -18,8 +20,10 @@ from .dequant import IQ4_VALUES
 from .kv_quant import C_IDS, KVType
 
 
+@functools.cache
 def iq4_nl_table(device: torch.device) -> torch.Tensor:
-    """IQ4_NL's 16 values, float32, for the kernels' lookups."""
+    """IQ4_NL's 16 values, float32, for the kernels' lookups: made once per device (a copy from
+    the host during a decode step would break its CUDA graph's capture, and cost a sync)."""
     return torch.tensor(IQ4_VALUES, dtype=torch.float32, device=device)
 
 
@@ -242,7 +246,7 @@ def store_blocks_triton(dst: torch.Tensor, src: torch.Tensor, idx: torch.Tensor,
     if n_tokens == 0:
         return
     grid = (n_tokens, width // 32)
-    table = iq4_nl_table(src.device)
+    table = iq4_nl_table(src.device) if t.name == "iq4_nl" else src  # any tensor for an unread pointer
     _store_blocks_kernel[grid](
         dst, src, idx, table, dst.stride(0), src.stride(0), TYPE=C_IDS[t.name], BB=t.block_bytes
     )

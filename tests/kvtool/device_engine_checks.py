@@ -90,13 +90,19 @@ def check_smollm2_greedy(device: str, quick: bool = False) -> None:
 def check_decode_graphs(device: str, quick: bool = False) -> None:
     """Decode steps replayed from CUDA graphs (kvtool/graphs.py) give what op-by-op compute
     gives: three sequences decoding greedily together, in both KV modes, for both attention
-    architectures; the steps were replayed, and no graph was turned off (warnings are errors)."""
-    for arch in ("llama", "gemma3"):  # the architectures whose forward splits (the hybrids' does not)
+    architectures, float and quantized caches; the steps were replayed, and no graph was turned
+    off (warnings are errors)."""
+    # the architectures whose forward splits (the hybrids' does not); tiny gemma3's heads of 32
+    # take block types
+    for arch, tk, tv in (("llama", "f16", "f16"), ("gemma3", "f16", "f16"), ("gemma3", "q8_0", "q8_0"),
+                         ("gemma3", "q5_1", "iq4_nl")):  # fmt: skip
         m = _tiny(arch, device)
         for unified in (False, True):
             runs = []
             for graphs in (True, False):
-                p = kvtool.ContextParams(n_ctx=1024, n_seq_max=3, kv_unified=unified, cuda_graphs=graphs)
+                p = kvtool.ContextParams(
+                    n_ctx=1024, n_seq_max=3, kv_unified=unified, cuda_graphs=graphs, type_k=tk, type_v=tv
+                )
                 ctx = kvtool.Context(m, p)
                 with warnings.catch_warnings():
                     warnings.simplefilter("error")
@@ -105,8 +111,8 @@ def check_decode_graphs(device: str, quick: bool = False) -> None:
                     assert ctx.graphs is not None and ctx.graphs.on, arch
                     assert ctx.graphs.n_replayed >= (6 if quick else 38), (arch, ctx.graphs.n_replayed)
             graph, eager = runs
-            assert np.array_equal(graph.argmax(-1), eager.argmax(-1)), (arch, unified)  # the tokens fed back
-            assert rel_err(graph, eager) <= 1e-5, (arch, unified)
+            assert np.array_equal(graph.argmax(-1), eager.argmax(-1)), (arch, tk, tv, unified)  # fed back
+            assert rel_err(graph, eager) <= 1e-5, (arch, tk, tv, unified)
 
 
 def greedy_steps(
