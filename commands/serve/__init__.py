@@ -208,6 +208,25 @@ def serve(
         bool, typer.Option("--metrics", help="Serve /metrics (Prometheus text, with the KV ledger).")
     ] = False,
     slots: Annotated[bool, typer.Option("--slots/--no-slots", help="Serve /slots.")] = True,
+    ctx_checkpoints: Annotated[
+        int,
+        typer.Option(
+            "-ctxcp",
+            "--ctx-checkpoints",
+            "--swa-checkpoints",
+            help="Checkpoints a slot keeps of a sliding-window or recurrent memory (0: none).",
+            callback=common.values.bounds(0),
+        ),
+    ] = 32,
+    checkpoint_min_step: Annotated[
+        int,
+        typer.Option(
+            "-cms",
+            "--checkpoint-min-step",
+            help="Tokens between two checkpoints inside a prompt (0: only 4 before its end).",
+            callback=common.values.bounds(0),
+        ),
+    ] = 8192,
     jinja: Annotated[
         bool,
         typer.Option(
@@ -222,6 +241,7 @@ def serve(
     from kvtool.commands.serve.app import ServeParams, Server, build_app
     from kvtool.commands.serve.loop import EngineLoop
     from kvtool.commands.serve.routes import ROUTES
+    from kvtool.common.checkpoints import CheckpointParams
     from kvtool.common.scheduler import Scheduler, SchedulerParams
 
     sock = _bind(host, port)
@@ -235,7 +255,11 @@ def serve(
     sched = Scheduler(
         ctx,
         SchedulerParams(
-            n_parallel, slot_prompt_similarity=sps, cont_batching=cont_batching, n_step_tokens=ctx.n_batch
+            n_parallel,
+            slot_prompt_similarity=sps,
+            cont_batching=cont_batching,
+            n_step_tokens=ctx.n_batch,
+            checkpoints=CheckpointParams(ctx_checkpoints, checkpoint_min_step),
         ),
     )
     keys = tuple(k.strip() for k in (api_key or "").split(",") if k.strip())

@@ -26,6 +26,7 @@ class Snapshot:
     stats: SchedulerStats
     slots: list[dict[str, Any]]
     memory: list[dict[str, Any]]
+    checkpoints: tuple[int, int]  # how many the slots keep, and their bytes
     n_processing: int
     n_deferred: int
 
@@ -84,6 +85,7 @@ def snapshot(sched: Scheduler) -> Snapshot:
                 "pos_min": mem.seq_pos_min(s.seq),
                 "pos_max": mem.seq_pos_max(s.seq),
                 "cells": cells,
+                "checkpoints": [{"n_tokens": c.n_tokens, "bytes": c.nbytes} for c in s.checkpoints.items],
             },
         }
         task = s.task or s.last
@@ -102,7 +104,9 @@ def snapshot(sched: Scheduler) -> Snapshot:
         for b in parts
     ]
     busy = sum(s.busy for s in sched.slots)
-    return Snapshot(copy.deepcopy(sched.stats), slots, memory, busy, sched.n_waiting())
+    cps = [c for s in sched.slots for c in s.checkpoints.items]
+    held = (len(cps), sum(c.nbytes for c in cps))
+    return Snapshot(copy.deepcopy(sched.stats), slots, memory, held, busy, sched.n_waiting())
 
 
 class _Collector:
@@ -175,6 +179,12 @@ class _Collector:
         yield cells
         yield nbytes
         yield kv
+        yield GaugeMetricFamily(
+            "kvtool:checkpoints", "Context checkpoints the slots keep", value=self.s.checkpoints[0]
+        )
+        yield GaugeMetricFamily(
+            "kvtool:checkpoint_bytes", "Bytes of the slots' context checkpoints", value=self.s.checkpoints[1]
+        )
         reused = CounterMetricFamily(
             "kvtool:prompt_tokens_reused", "Prompt tokens reused, by where they came from", labels=["source"]
         )

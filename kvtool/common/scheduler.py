@@ -4,7 +4,8 @@ and so do `kvtool serve` and `kvtool parallel`.
 Each slot is one sequence of the context. A request waits in a queue until a slot takes it (the
 one it names, the idle slot whose held tokens share the largest part of its prompt above
 `slot_prompt_similarity`, else the least recently used one); the slot keeps the longest common
-prefix of what it holds (when the memory can be cut back there) or takes one from a
+prefix of what it holds (when the memory can be cut back there), else its nearest checkpoint
+(sliding-window and recurrent memories: kvtool.common.checkpoints), or takes one from a
 `PrefixSource`, and decodes the rest. Every `step` builds one batch: each generating slot's
 last token, then prompt tokens (all of them, or up to `n_step_tokens`), and decodes it in views
 of n_batch tokens; a view with no room is retried at half the size (a cache miss), after idle
@@ -21,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import kvtool
+from kvtool.common.checkpoints import CheckpointParams, SlotCheckpoints, needs_checkpoints
 from kvtool.common.prefix import PrefixSource, common_prefix
 from kvtool.common.slots import Slot, choose_slot, reprocess_reason
 from kvtool.common.stats import SchedulerStats
@@ -37,6 +39,8 @@ class SchedulerParams:
     cont_batching: bool = True  # else a new request starts only when every slot is idle
     n_step_tokens: int = 0  # the most tokens one step decodes (0: everything pending)
     sources: Sequence[PrefixSource] = field(default_factory=tuple)
+    # context checkpoints of memories that cannot be cut back (none by default: llama-parallel's)
+    checkpoints: CheckpointParams = field(default_factory=lambda: CheckpointParams(n_max=0))
 
 
 # one token of a step: (token, position, slot index, wants logits)
@@ -55,7 +59,8 @@ class Scheduler:
             raise ValueError(f"{params.n_slots} slots need as many sequences below n_seq_max")
         self.ctx = ctx
         self.p = params
-        self.slots = [Slot(i, s) for i, s in enumerate(seqs)]
+        cps = params.checkpoints if needs_checkpoints(ctx) else CheckpointParams(n_max=0)
+        self.slots = [Slot(i, s, checkpoints=SlotCheckpoints(cps)) for i, s in enumerate(seqs)]
         self.stats = SchedulerStats()
         self.on_miss = on_miss
         self.waiting: deque[Task] = deque()
@@ -154,6 +159,11 @@ class Scheduler:
         if not truncatable:
             keep = 0
         from_source = keep > 0 and keep <= slot.n_source
+        cp = slot.checkpoints.nearest(tokens, len(tokens) - 1) if req.cache_prompt else None
+        if cp is not None and cp.n_tokens > keep and self._restore(slot, cp.data):
+            keep, from_source, slot.source, slot.n_source = cp.n_tokens, False, None, 0
+        else:
+            cp = None
         if keep < len(slot.held):
             for src in self.p.sources:
                 src.offer(ctx, slot.seq, slot.held)
@@ -169,7 +179,8 @@ class Scheduler:
             slot.source, slot.n_source = None, 0
         slot.n_source = min(slot.n_source, keep)
         ctx.memory.seq_rm(slot.seq, keep, -1)
-        self._count_reuse(slot, task, keep, lcp, n_mem, truncatable)
+        slot.checkpoints.start(tokens)
+        self._count_reuse(slot, task, keep, lcp, n_mem, truncatable, cp is not None)
         slot.held = list(tokens[:keep])
         slot.pending = list(tokens[keep:])
         slot.n_past = keep
@@ -178,22 +189,38 @@ class Scheduler:
         if task.events is not None:
             task.events.on_start(task)
 
+    def _restore(self, slot: Slot, data: bytes) -> bool:
+        """Puts a saved state into the slot's sequence; False (the sequence as it was) when
+        the memory has no room for it."""
+        try:
+            self.ctx.state_seq_set_data(data, slot.seq)
+        except kvtool.StateError:
+            return False
+        return True
+
     def _count_reuse(
-        self, slot: Slot, task: Task, keep: int, lcp: int, n_mem: int, truncatable: bool
+        self, slot: Slot, task: Task, keep: int, lcp: int, n_mem: int, truncatable: bool, from_cp: bool
     ) -> None:
         """Timings and the ledger: what was reused and, when some slot held more, why not."""
-        req, st = task.req, self.stats
-        task.timings.cache_n = keep
+        req, st, t = task.req, self.stats, task.timings
+        t.cache_n = keep
         from_slot = slot.source is None or keep > slot.n_source
-        task.reused_from = (
-            "" if keep == 0 else "slot" if from_slot or slot.source is None else slot.source.name
+        t.cache_source = (
+            ""
+            if keep == 0
+            else "checkpoint"
+            if from_cp
+            else "slot"
+            if from_slot or slot.source is None
+            else slot.source.name
         )
         if keep:
-            st.reused[task.reused_from] += keep
-        missed = reprocess_reason(self.slots, slot, req, keep, lcp, n_mem, truncatable)
+            st.reused[t.cache_source] += keep
+        missed = reprocess_reason(self.slots, slot, req, keep, lcp, n_mem, truncatable, from_cp)
         slot.lost = []
         if missed is not None:
             reason, n = missed
+            t.cache_reprocessed = reason
             st.reprocessed[reason] += 1
             st.reprocessed_tokens[reason] += n
 
@@ -209,6 +236,8 @@ class Scheduler:
             if not slot.pending or budget == 0:
                 continue
             take = slot.pending if budget < 0 else slot.pending[:budget]
+            if slot.task is not None and slot.task.req.cache_prompt:
+                take = self._checkpoint(slot, take)
             last = len(take) == len(slot.pending)
             for i, t in enumerate(take):
                 entries.append((t, slot.n_past + i, slot.id, last and i == len(take) - 1))
@@ -217,6 +246,15 @@ class Scheduler:
             slot.pending = slot.pending[len(take) :]
             budget = budget - len(take) if budget > 0 else budget
         return entries
+
+    def _checkpoint(self, slot: Slot, take: list[int]) -> list[int]:
+        """Keeps a checkpoint when one is due where the slot stands (its sequence holds just
+        its decoded prompt tokens), and ends the step's share at the next one due."""
+        cps = slot.checkpoints
+        if cps.due(slot.n_past):
+            cps.add(self.ctx, slot.seq, slot.n_past)
+        stop = cps.next_stop(slot.n_past)
+        return take[: stop - slot.n_past] if stop > 0 else take
 
     def _decode(self, entries: list[_Entry]) -> None:
         """Decodes the step in views of n_batch tokens, halving on no room (a cache miss)."""

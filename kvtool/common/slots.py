@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvtool.common.checkpoints import CheckpointParams, SlotCheckpoints
 from kvtool.common.prefix import PrefixSource, common_prefix
 from kvtool.common.task import Request, Task
 
@@ -28,6 +29,7 @@ class Slot:
     n_past: int = 0  # the position the next token takes
     keeps: bool = False  # the idle slot holds a cached prompt (cache_prompt)
     t_last_used: float = 0.0
+    checkpoints: SlotCheckpoints = field(default_factory=lambda: SlotCheckpoints(CheckpointParams(n_max=0)))
 
     @property
     def busy(self) -> bool:
@@ -52,12 +54,19 @@ def choose_slot(slots: Sequence[Slot], req: Request, similarity: float) -> Slot 
 
 
 def reprocess_reason(
-    slots: Sequence[Slot], slot: Slot, req: Request, keep: int, lcp: int, n_mem: int, truncatable: bool
+    slots: Sequence[Slot],
+    slot: Slot,
+    req: Request,
+    keep: int,
+    lcp: int,
+    n_mem: int,
+    truncatable: bool,
+    from_cp: bool = False,
 ) -> tuple[str, int] | None:
     """Why `slot` kept only `keep` tokens of `req`'s prompt when some slot held (or had held, before
     its cells were taken back) a longer prefix, and how many tokens more; None when none did.
     `lcp`: the prefix `slot` held; `n_mem`: what its memory still had; `truncatable`: whether the
-    memory could be cut back to it."""
+    memory could be cut back to it; `from_cp`: whether `keep` came from a context checkpoint."""
     cap = len(req.tokens) - 1
     held = [(min(common_prefix(s.held, req.tokens), cap), s, False) for s in slots if s is not slot]
     lost = [(min(common_prefix(s.lost, req.tokens), cap), s, True) for s in slots]
@@ -72,6 +81,8 @@ def reprocess_reason(
         reason = "slot_busy"
     elif holder is not slot:
         reason = "id_slot" if req.id_slot >= 0 else "below_similarity"
+    elif from_cp:
+        reason = "checkpoint_too_far_back"
     elif not truncatable:
         reason = "cannot_truncate"
     else:  # the slot's own prefix, lost from the memory

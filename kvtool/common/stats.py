@@ -14,6 +14,7 @@ REPROCESS_REASONS = {
     "below_similarity": "the best slot's share of the prompt was under -sps, another slot was chosen",
     "id_slot": "the request named another slot",
     "cannot_truncate": "the memory cannot be cut back to the common prefix (sliding window, recurrent)",
+    "checkpoint_too_far_back": "the nearest checkpoint was before the end of the common prefix",
     "evicted": "the slot's cells were taken back (a full unified cache, an error)",
 }
 

@@ -56,15 +56,20 @@ class TokenOut:
 
 @dataclass
 class Timings:
-    """llama-server's `timings` of one request (milliseconds; cache_n: prompt tokens reused)."""
+    """llama-server's `timings` of one request (milliseconds; cache_n: prompt tokens reused),
+    and where those came from (cache_source: "slot", "checkpoint" or a PrefixSource's name) or
+    why a longer prefix some slot held was re-processed (cache_reprocessed: a reason of
+    kvtool.common.stats.REPROCESS_REASONS)."""
 
     cache_n: int = 0
+    cache_source: str = ""
+    cache_reprocessed: str = ""
     prompt_n: int = 0
     prompt_ms: float = 0.0
     predicted_n: int = 0
     predicted_ms: float = 0.0
 
-    def to_dict(self) -> dict[str, float | int]:
+    def to_dict(self) -> dict[str, float | int | str]:
         def per(n: int, ms: float) -> tuple[float, float]:
             return (ms / n if n else 0.0), (1e3 * n / ms if ms > 0 else 0.0)
 
@@ -72,6 +77,8 @@ class Timings:
         gp, gs = per(self.predicted_n, self.predicted_ms)
         return {
             "cache_n": self.cache_n,
+            "cache_source": self.cache_source,
+            "cache_reprocessed": self.cache_reprocessed,
             "prompt_n": self.prompt_n,
             "prompt_ms": self.prompt_ms,
             "prompt_per_token_ms": pp,
@@ -108,7 +115,6 @@ class Task:
         self.truncated = False  # the answer stopped because the slot was full (llama-server's name)
         self.stopping_word = ""
         self.error = ""
-        self.reused_from = ""  # where the reused prefix came from: "slot" or a PrefixSource's name
         self.timings = Timings()
         self.t_queued = time.perf_counter()
         self.t_start = 0.0  # the slot took it
@@ -118,6 +124,11 @@ class Task:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._cancel = threading.Event()
         self.done = threading.Event()
+
+    @property
+    def reused_from(self) -> str:
+        """Where the reused prefix came from ("" when nothing was reused)."""
+        return self.timings.cache_source
 
     @property
     def n_prompt(self) -> int:
