@@ -21,6 +21,7 @@ from kvtool.memory.spec import MemoryParams, pad
 from kvtool.memory_estimate import check_fits, estimate_memory
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from pathlib import Path
 
     from kvtool.memory.sizes import MemoryBreakdown
@@ -283,11 +284,13 @@ class Context:
         tokens: Tokens = None,
         sampler: Sampler | None = None,
         app: dict[str, object] | None = None,
+        blobs: Mapping[str, bytes] | None = None,
     ) -> bytes:
-        """Sequence `seq` as a state (its cells only; loadable into any sequence id)."""
+        """Sequence `seq` as a state (its cells only; loadable into any sequence id). `blobs`
+        travel with it under the checksum (StateInfo.blobs when loaded)."""
         from kvtool.state import codec
 
-        return codec.encode(self.model, self.memory, seq, tokens, sampler, app)
+        return codec.encode(self.model, self.memory, seq, tokens, sampler, app, blobs=blobs)
 
     def state_seq_set_data(self, data: bytes, seq: int) -> StateInfo:
         """Replaces sequence `seq` with a sequence state (its cells need not be contiguous, the

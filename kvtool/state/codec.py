@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from kvtool.sampling import Sampler
 
 Tokens = Mapping[int, Sequence[int]] | Sequence[int] | None
+BLOB = "app."  # the tensors of the application's blobs
 
 
 @dataclass
@@ -52,8 +53,10 @@ def encode(
     app: Mapping[str, Any] | None = None,
     logits: torch.Tensor | None = None,
     out_row: np.ndarray | None = None,
+    blobs: Mapping[str, bytes] | None = None,
 ) -> bytes:
-    """The container of a context state (seq None) or of sequence `seq`."""
+    """The container of a context state (seq None) or of sequence `seq`; `blobs` are stored
+    as they are, as U8 tensors `app.<name>`."""
     w = StateWriter()
     memory.state_write(w, seq)
     layout, tensors, counts = w.layout, w.tensors, w.counts
@@ -70,6 +73,10 @@ def encode(
         for s in present
     ]
     out: dict[str, Array] = dict(tensors)
+    for name, blob in (blobs or {}).items():
+        if not name or not blob:
+            raise StateError("a state's blob needs a name and at least one byte")
+        out[f"{BLOB}{name}"] = np.frombuffer(blob, dtype=np.uint8)
     n_outputs = 0
     if seq is None and logits is not None and out_row is not None:
         out["context.logits"] = logits.detach().to("cpu", torch.float32).contiguous()
@@ -112,6 +119,9 @@ def _info(state: dict[str, Any], tensors: dict[str, RawTensor], n_bytes: int) ->
     if not ok:  # not asserts: user input is checked under python -O too
         raise StateError("corrupted state: bad header fields")
     rng = tensors.get("sampler.rng")
+    blobs = {n[len(BLOB) :]: t for n, t in tensors.items() if n.startswith(BLOB)}
+    if any(t.dtype != "U8" or len(t.shape) != 1 for t in blobs.values()):
+        raise StateError("corrupted state: a blob is not a U8 vector")
     if samp is not None:
         sampler_state.check(samp, b"" if rng is None else bytes(rng.data))
     sizes: dict[str, int] = {}
@@ -130,6 +140,7 @@ def _info(state: dict[str, Any], tensors: dict[str, RawTensor], n_bytes: int) ->
         n_bytes=n_bytes,
         tensor_bytes=sizes,
         sampler_rng=None if rng is None else bytes(rng.data),
+        blobs={n: bytes(t.data) for n, t in blobs.items()},
     )
 
 
@@ -169,7 +180,7 @@ def decode(model: Model, memory: Memory, data: bytes | memoryview, seq: int | No
         raise StateError("this is a whole-context state: load it without a sequence id")
     check_model(info.model, model)
     check_tokens(info, model.n_vocab)
-    pool = dict(tensors)
+    pool = {n: t for n, t in tensors.items() if not n.startswith(BLOB)}
     pool.pop("sampler.rng", None)
     logits, out_row = _logits(info, pool, model.n_vocab) if seq is None else (None, None)
     commit = memory.state_read(StateReader(info.memory, pool), seq)

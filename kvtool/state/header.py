@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,7 +101,8 @@ class StateInfo:
 
     kind: "context" (every sequence and the last logits) or "sequence" (one sequence).
     memory: the memory layout it was saved from; app: what the application stored
-    (a chat keeps its messages there); sampler: seed, parameters and history, if saved."""
+    (a chat keeps its messages there), blobs: its bytes (a server's slot keeps its checkpoints
+    there); sampler: seed, parameters and history, if saved."""
 
     kind: str
     version: int
@@ -114,6 +115,7 @@ class StateInfo:
     n_bytes: int
     tensor_bytes: dict[str, int]
     sampler_rng: bytes | None = None
+    blobs: dict[str, bytes] = field(default_factory=dict)  # the application's binary attachments
 
     def tokens(self, seq: int | None = None) -> list[int] | None:
         """The token ids saved for `seq` (None: the only sequence of the state)."""
