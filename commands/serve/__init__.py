@@ -13,6 +13,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -75,8 +76,6 @@ def _check_parallel(value: int) -> int:
 def _names(model: str, path: str, alias: str | None) -> tuple[str, ...]:
     """The names a request's `model` may give: the aliases (-a, comma-separated) first, then
     -m as typed, the file's name and its stem."""
-    from pathlib import Path
-
     aliases = [a.strip() for a in (alias or "").split(",") if a.strip()]
     p = Path(path)
     names = [*aliases, model, p.name, p.stem]
@@ -227,6 +226,13 @@ def serve(
             callback=common.values.bounds(0),
         ),
     ] = 8192,
+    slot_save_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--slot-save-path",
+            help="Folder of the files of POST /slots/{id}?action=save|restore (default: none, no actions).",
+        ),
+    ] = None,
     jinja: Annotated[
         bool,
         typer.Option(
@@ -244,6 +250,8 @@ def serve(
     from kvtool.common.checkpoints import CheckpointParams
     from kvtool.common.scheduler import Scheduler, SchedulerParams
 
+    if slot_save_path is not None and not slot_save_path.is_dir():
+        raise kvtool.KvtoolError(f"--slot-save-path {slot_save_path}: not a directory")
     sock = _bind(host, port)
     m = common.load_model(load, err)
     if jinja and m.file.get("tokenizer.chat_template", None) is not None:
@@ -264,7 +272,14 @@ def serve(
     )
     keys = tuple(k.strip() for k in (api_key or "").split(",") if k.strip())
     params = ServeParams(
-        _names(load.model, str(m.path), alias), keys, max_queue, timeout, metrics, slots, cache_prompt
+        _names(load.model, str(m.path), alias),
+        keys,
+        max_queue,
+        timeout,
+        metrics,
+        slots,
+        cache_prompt,
+        slot_save_path,
     )
     loop = EngineLoop(sched)
     server = Server(m, loop, params)

@@ -9,6 +9,7 @@ import hmac
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from starlette.applications import Starlette
@@ -37,6 +38,7 @@ class ServeParams:
     metrics: bool = False
     slots: bool = True
     cache_prompt: bool = True
+    slot_save_path: Path | None = None  # the folder of POST /slots/{id}?action=save|restore
 
 
 class Server:

@@ -15,6 +15,7 @@ import kvtool
 from kvtool.commands.serve import api, ledger, shapes
 from kvtool.commands.serve.app import EventStream, Handler, Server
 from kvtool.commands.serve.loop import TaskStream
+from kvtool.commands.serve.slot_actions import slot_action
 from kvtool.common.task import Task
 
 
@@ -207,6 +208,7 @@ ROUTES: list[tuple[str, Handler, list[str]]] = [
     ("/tokenize", tokenize, ["POST"]),
     ("/detokenize", detokenize, ["POST"]),
     ("/slots", slots, ["GET"]),
+    ("/slots/{id_slot}", slot_action, ["POST"]),
     ("/metrics", metrics, ["GET"]),
     ("/v1/chat/completions", chat, ["POST"]),
     ("/chat/completions", chat, ["POST"]),
