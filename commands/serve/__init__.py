@@ -226,6 +226,15 @@ def serve(
             callback=common.values.bounds(0),
         ),
     ] = 8192,
+    cache_ram: Annotated[
+        int,
+        typer.Option(
+            "-cram",
+            "--cache-ram",
+            help="MiB of host RAM for the prompts slots drop (-1: no limit, 0: none).",
+            callback=common.values.bounds(-1),
+        ),
+    ] = 8192,
     slot_save_path: Annotated[
         Path | None,
         typer.Option(
@@ -248,6 +257,7 @@ def serve(
     from kvtool.commands.serve.loop import EngineLoop
     from kvtool.commands.serve.routes import ROUTES
     from kvtool.common.checkpoints import CheckpointParams
+    from kvtool.common.ram_cache import RamCache
     from kvtool.common.scheduler import Scheduler, SchedulerParams
 
     if slot_save_path is not None and not slot_save_path.is_dir():
@@ -260,6 +270,7 @@ def serve(
         n_parallel, context = 4, dataclasses.replace(context, kv_unified=True)
     cp = context.params(n_parallel, compaction.setting())
     ctx = common.make_context(m, cp, err)
+    ram = RamCache(cache_ram << 20 if cache_ram >= 0 else -1) if cache_ram != 0 else None
     sched = Scheduler(
         ctx,
         SchedulerParams(
@@ -268,6 +279,7 @@ def serve(
             cont_batching=cont_batching,
             n_step_tokens=ctx.n_batch,
             checkpoints=CheckpointParams(ctx_checkpoints, checkpoint_min_step),
+            sources=() if ram is None else (ram,),
         ),
     )
     keys = tuple(k.strip() for k in (api_key or "").split(",") if k.strip())

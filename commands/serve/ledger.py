@@ -8,6 +8,7 @@ the engine's thread between two steps, so the numbers of one answer agree with e
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from kvtool.common.ram_cache import RamCache
 from kvtool.common.scheduler import Scheduler
 from kvtool.common.slots import Slot
 from kvtool.common.stats import REPROCESS_REASONS, SchedulerStats
@@ -27,6 +29,7 @@ class Snapshot:
     slots: list[dict[str, Any]]
     memory: list[dict[str, Any]]
     checkpoints: tuple[int, int]  # how many the slots keep, and their bytes
+    tiers: list[dict[str, Any]]  # the prompt cache's tiers: entries, bytes, budget, events
     n_processing: int
     n_deferred: int
 
@@ -106,7 +109,18 @@ def snapshot(sched: Scheduler) -> Snapshot:
     busy = sum(s.busy for s in sched.slots)
     cps = [c for s in sched.slots for c in s.checkpoints.items]
     held = (len(cps), sum(c.nbytes for c in cps))
-    return Snapshot(copy.deepcopy(sched.stats), slots, memory, held, busy, sched.n_waiting())
+    tiers = [
+        {
+            "tier": src.name,
+            "entries": len(src.entries),
+            "bytes": src.nbytes,
+            "max_bytes": src.max_bytes,
+            "stats": dataclasses.asdict(src.stats),
+        }
+        for src in sched.p.sources
+        if isinstance(src, RamCache)
+    ]
+    return Snapshot(copy.deepcopy(sched.stats), slots, memory, held, tiers, busy, sched.n_waiting())
 
 
 class _Collector:
@@ -179,6 +193,21 @@ class _Collector:
         yield cells
         yield nbytes
         yield kv
+        entries = GaugeMetricFamily("kvtool:cache_entries", "Prompts a cache tier keeps", labels=["tier"])
+        tier_bytes = GaugeMetricFamily("kvtool:cache_bytes", "Bytes a cache tier keeps", labels=["tier"])
+        events = CounterMetricFamily(
+            "kvtool:cache_events",
+            "What a cache tier did: saved, hits, evicted, refused (over budget), failed (not loadable)",
+            labels=["tier", "event"],
+        )
+        for t in self.s.tiers:
+            entries.add_metric([t["tier"]], t["entries"])
+            tier_bytes.add_metric([t["tier"]], t["bytes"])
+            for name, n in t["stats"].items():
+                events.add_metric([t["tier"], name.removeprefix("n_")], n)
+        yield entries
+        yield tier_bytes
+        yield events
         yield GaugeMetricFamily(
             "kvtool:checkpoints", "Context checkpoints the slots keep", value=self.s.checkpoints[0]
         )

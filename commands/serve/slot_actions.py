@@ -19,7 +19,7 @@ import kvtool
 from kvtool.commands.serve import api
 from kvtool.commands.serve.app import Server
 from kvtool.common import slot_state
-from kvtool.common.scheduler import Slot
+from kvtool.common.slots import Slot
 
 T = TypeVar("T")
 _BUSY = object()  # the slot serves a request: try again at the next step

@@ -147,40 +147,44 @@ class Scheduler:
             self._launch(slot, task)
 
     def _launch(self, slot: Slot, task: Task) -> None:
-        """The slot takes the task: keeps what it can of its prefix, queues the rest."""
+        """The slot takes the task: keeps what it can of its prefix (cut back, else from its
+        nearest checkpoint), or takes a longer one from a prefix source, and queues the rest."""
         ctx, req, tokens = self.ctx, task.req, task.req.tokens
         task.slot, task.t_start = slot.id, time.perf_counter()
         slot.task, slot.keeps = task, False
         n_mem = ctx.memory.seq_pos_max(slot.seq) + 1
         lcp = common_prefix(slot.held, tokens)
-        # without cache_prompt only what a prefix source put there is reused
+        # without cache_prompt only what a shared prefix source put there is reused
         keep = min(lcp if req.cache_prompt else min(lcp, slot.n_source), n_mem, len(tokens) - 1)
         truncatable = keep == 0 or ctx.can_resume(slot.seq, keep)
         if not truncatable:
             keep = 0
-        from_source = keep > 0 and keep <= slot.n_source
-        cp = slot.checkpoints.nearest(tokens, len(tokens) - 1) if req.cache_prompt else None
-        if cp is not None and cp.n_tokens > keep and self._restore(slot, cp.data):
-            keep, from_source, slot.source, slot.n_source = cp.n_tokens, False, None, 0
-        else:
-            cp = None
-        if keep < len(slot.held):
+        tier = (
+            "" if keep == 0 else "slot" if slot.source is None or keep > slot.n_source else slot.source.name
+        )
+        if 2 * lcp < len(slot.held):  # another conversation (not a regenerate or an edit near the end)
             for src in self.p.sources:
-                src.offer(ctx, slot.seq, slot.held)
+                src.offer(ctx, slot)
+        from_cp = False
+        if req.cache_prompt and (n := self._from_checkpoint(slot, tokens, len(tokens) - 1, keep)) > keep:
+            keep, tier, from_cp, slot.source, slot.n_source = n, "checkpoint", True, None, 0
         for src in self.p.sources:
-            n = src.restore(ctx, slot.seq, tokens, keep)
+            if not (src.shared or req.cache_prompt):
+                continue
+            n = src.restore(ctx, slot, tokens, keep)
             if n > keep:
-                slot.held, slot.source, slot.n_source = list(tokens[:n]), src, n
-                keep, from_source = min(n, len(tokens) - 1), True
-                if not ctx.can_resume(slot.seq, keep):
-                    keep = 0
+                keep, tier = min(n, len(tokens) - 1), src.name
+                slot.source, slot.n_source = (src, n) if src.shared else (None, 0)
+                if not ctx.can_resume(slot.seq, keep):  # a cache's state goes on past the prompt
+                    keep = self._from_checkpoint(slot, tokens, keep, 0)
+                    from_cp = keep > 0
                 break
-        if not from_source:
+        if tier in ("", "slot", "checkpoint"):
             slot.source, slot.n_source = None, 0
         slot.n_source = min(slot.n_source, keep)
         ctx.memory.seq_rm(slot.seq, keep, -1)
         slot.checkpoints.start(tokens)
-        self._count_reuse(slot, task, keep, lcp, n_mem, truncatable, cp is not None)
+        self._count_reuse(slot, task, keep, lcp, n_mem, truncatable, tier if keep else "", from_cp)
         slot.held = list(tokens[:keep])
         slot.pending = list(tokens[keep:])
         slot.n_past = keep
@@ -189,31 +193,34 @@ class Scheduler:
         if task.events is not None:
             task.events.on_start(task)
 
-    def _restore(self, slot: Slot, data: bytes) -> bool:
-        """Puts a saved state into the slot's sequence; False (the sequence as it was) when
-        the memory has no room for it."""
+    def _from_checkpoint(self, slot: Slot, tokens: Sequence[int], n_max: int, n_min: int) -> int:
+        """Loads the slot's latest checkpoint that holds a prefix of `tokens` no longer than
+        `n_max` and longer than `n_min`; its length, or 0 (the sequence as it was) when there is
+        none or no room."""
+        cp = slot.checkpoints.nearest(tokens, n_max)
+        if cp is None or cp.n_tokens <= n_min:
+            return 0
         try:
-            self.ctx.state_seq_set_data(data, slot.seq)
+            self.ctx.state_seq_set_data(cp.data, slot.seq)
         except kvtool.StateError:
-            return False
-        return True
+            return 0
+        return cp.n_tokens
 
     def _count_reuse(
-        self, slot: Slot, task: Task, keep: int, lcp: int, n_mem: int, truncatable: bool, from_cp: bool
+        self,
+        slot: Slot,
+        task: Task,
+        keep: int,
+        lcp: int,
+        n_mem: int,
+        truncatable: bool,
+        tier: str,
+        from_cp: bool,
     ) -> None:
-        """Timings and the ledger: what was reused and, when some slot held more, why not."""
+        """Timings and the ledger: what was reused and from where and, when some slot held
+        more, why not."""
         req, st, t = task.req, self.stats, task.timings
-        t.cache_n = keep
-        from_slot = slot.source is None or keep > slot.n_source
-        t.cache_source = (
-            ""
-            if keep == 0
-            else "checkpoint"
-            if from_cp
-            else "slot"
-            if from_slot or slot.source is None
-            else slot.source.name
-        )
+        t.cache_n, t.cache_source = keep, tier
         if keep:
             st.reused[t.cache_source] += keep
         missed = reprocess_reason(self.slots, slot, req, keep, lcp, n_mem, truncatable, from_cp)
@@ -300,7 +307,7 @@ class Scheduler:
             return False
         slot = min(idle, key=lambda s: s.t_last_used)
         for src in self.p.sources:
-            src.offer(self.ctx, slot.seq, slot.held)
+            src.offer(self.ctx, slot)
         self.ctx.memory.seq_rm(slot.seq, -1, -1)
         slot.held, slot.lost, slot.keeps = [], slot.held, False
         self.stats.n_evicted += 1
@@ -353,7 +360,7 @@ class Scheduler:
             ctx.memory.seq_rm(slot.seq, n, -1)
         else:
             ctx.memory.seq_rm(slot.seq, -1, -1)
-            n = 0 if slot.source is None else slot.source.restore(ctx, slot.seq, tokens, 0)
+            n = 0 if slot.source is None else slot.source.restore(ctx, slot, tokens, 0)
         slot.held, slot.n_source = list(slot.held[:n]) if n <= len(slot.held) else list(tokens[:n]), n
 
     def _end(self, task: Task, stop: str) -> None:

@@ -14,7 +14,7 @@ from kvtool.common.checkpoints import Checkpoint
 from kvtool.state import files
 
 if TYPE_CHECKING:
-    from kvtool.common.scheduler import Slot
+    from kvtool.common.slots import Slot
 
 APP_KEY = "kvtool.slot"
 CHECKPOINT = "checkpoint."  # blob name prefix; the rest is the checkpoint's n_tokens

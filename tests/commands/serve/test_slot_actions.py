@@ -39,7 +39,9 @@ def test_save_restore_elsewhere_and_after_a_restart_then_erase(name: str, tmp_pa
         first = complete(s.url, LONG, 0)
         status, saved = action(s.url, 0, "save", "conv.state")
         assert status == 200 and saved["n_saved"] == len(LONG) + 3 and saved["filename"] == "conv.state"
-        assert saved["n_written"] == (tmp_path / "conv.state").stat().st_size and "save_ms" in saved["timings"]
+        assert (
+            saved["n_written"] == (tmp_path / "conv.state").stat().st_size and "save_ms" in saved["timings"]
+        )
         status, restored = action(s.url, 1, "restore", "conv.state")  # into another slot
         assert status == 200 and restored["n_restored"] == len(LONG) + 3
         assert restored["n_read"] == saved["n_written"]
@@ -85,7 +87,9 @@ def test_bad_actions_and_bad_files_are_refused_one_by_one(tmp_path: Path) -> Non
             assert got == status and words in r["error"]["message"], (what, name, r)
         assert complete(s.url, LONG[:40], 1)["timings"]["cache_n"] == 0  # slot 1 took nothing
         assert (tmp_path / "notes.txt").read_text() == "not a state"
-    with serving("-np", "1", "--slot-save-path", str(tmp_path), model=MODELS / "tiny-granitehybrid.gguf") as s:
+    with serving(
+        "-np", "1", "--slot-save-path", str(tmp_path), model=MODELS / "tiny-granitehybrid.gguf"
+    ) as s:
         got, r = action(s.url, 0, "restore", "good")  # another model's state
         assert got == 400 and "Unable to restore slot" in r["error"]["message"]
     with serving("-np", "1") as s:
