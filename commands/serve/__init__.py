@@ -235,6 +235,21 @@ def serve(
             callback=common.values.bounds(-1),
         ),
     ] = 8192,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--cache-dir",
+            help="Folder of the disk prompt cache: what RAM drops, and every prompt at shutdown.",
+        ),
+    ] = None,
+    cache_disk: Annotated[
+        int,
+        typer.Option(
+            "--cache-disk",
+            help="MiB of files --cache-dir may hold (-1: no limit).",
+            callback=common.values.bounds(-1),
+        ),
+    ] = 16384,
     slot_save_path: Annotated[
         Path | None,
         typer.Option(
@@ -257,11 +272,13 @@ def serve(
     from kvtool.commands.serve.loop import EngineLoop
     from kvtool.commands.serve.routes import ROUTES
     from kvtool.common.checkpoints import CheckpointParams
+    from kvtool.common.disk_cache import DiskCache
     from kvtool.common.ram_cache import RamCache
     from kvtool.common.scheduler import Scheduler, SchedulerParams
 
-    if slot_save_path is not None and not slot_save_path.is_dir():
-        raise kvtool.KvtoolError(f"--slot-save-path {slot_save_path}: not a directory")
+    for flag, folder in (("--slot-save-path", slot_save_path), ("--cache-dir", cache_dir)):
+        if folder is not None and not folder.is_dir():
+            raise kvtool.KvtoolError(f"{flag} {folder}: not a directory")
     sock = _bind(host, port)
     m = common.load_model(load, err)
     if jinja and m.file.get("tokenizer.chat_template", None) is not None:
@@ -270,7 +287,13 @@ def serve(
         n_parallel, context = 4, dataclasses.replace(context, kv_unified=True)
     cp = context.params(n_parallel, compaction.setting())
     ctx = common.make_context(m, cp, err)
-    ram = RamCache(cache_ram << 20 if cache_ram >= 0 else -1) if cache_ram != 0 else None
+    disk = None
+    if cache_dir is not None:
+        report = lambda line: err.print(plain(line))  # noqa: E731
+        disk = DiskCache(cache_dir, m, cache_disk << 20 if cache_disk >= 0 else -1, report)
+    ram = None
+    if cache_ram != 0 or disk is not None:  # with --cache-ram 0 entries go straight to disk
+        ram = RamCache(cache_ram << 20 if cache_ram >= 0 else -1, None if disk is None else disk.put)
     sched = Scheduler(
         ctx,
         SchedulerParams(
@@ -279,7 +302,7 @@ def serve(
             cont_batching=cont_batching,
             n_step_tokens=ctx.n_batch,
             checkpoints=CheckpointParams(ctx_checkpoints, checkpoint_min_step),
-            sources=() if ram is None else (ram,),
+            sources=tuple(t for t in (ram, disk) if t is not None),
         ),
     )
     keys = tuple(k.strip() for k in (api_key or "").split(",") if k.strip())
@@ -320,4 +343,9 @@ def serve(
     finally:
         loop.stop()
         sock.close()
+        if disk is not None and ram is not None:  # every prompt a slot or RAM holds goes to disk
+            for slot in sched.slots:
+                ram.offer(ctx, slot)
+            ram.flush()
+            disk.close()
     err.print(plain("serve: stopped"))

@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from kvtool.common.disk_cache import DiskCache
 from kvtool.common.ram_cache import RamCache
 from kvtool.common.scheduler import Scheduler
 from kvtool.common.slots import Slot
@@ -116,9 +117,10 @@ def snapshot(sched: Scheduler) -> Snapshot:
             "bytes": src.nbytes,
             "max_bytes": src.max_bytes,
             "stats": dataclasses.asdict(src.stats),
+            "refused": dict(src.refused) if isinstance(src, DiskCache) else {},
         }
         for src in sched.p.sources
-        if isinstance(src, RamCache)
+        if isinstance(src, RamCache | DiskCache)
     ]
     return Snapshot(copy.deepcopy(sched.stats), slots, memory, held, tiers, busy, sched.n_waiting())
 
@@ -205,9 +207,18 @@ class _Collector:
             tier_bytes.add_metric([t["tier"]], t["bytes"])
             for name, n in t["stats"].items():
                 events.add_metric([t["tier"], name.removeprefix("n_")], n)
+        refused = CounterMetricFamily(
+            "kvtool:cache_refused",
+            "Cache files refused: truncated, corrupt, foreign, missing",
+            labels=["tier", "reason"],
+        )
+        for t in self.s.tiers:
+            for reason, n in t["refused"].items():
+                refused.add_metric([t["tier"], reason], n)
         yield entries
         yield tier_bytes
         yield events
+        yield refused
         yield GaugeMetricFamily(
             "kvtool:checkpoints", "Context checkpoints the slots keep", value=self.s.checkpoints[0]
         )

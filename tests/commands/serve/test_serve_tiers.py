@@ -1,9 +1,12 @@
 """`kvtool serve`'s prompt cache tiers through HTTP: a conversation a slot dropped for another
-comes back from host RAM (--cache-ram), timings and /metrics say so; --cache-ram 0 keeps none."""
+comes back from host RAM (--cache-ram), timings and /metrics say so; --cache-ram 0 keeps none;
+a restarted server on the same --cache-dir serves from disk, and refuses broken files one by one."""
 
 from __future__ import annotations
 
-from tests.commands.serve.conftest import MODEL, serving
+from pathlib import Path
+
+from tests.commands.serve.conftest import MODEL, serving, start
 from tests.commands.serve.test_serve_checkpoints import complete, read_metrics
 
 MODELS = MODEL.parent
@@ -32,3 +35,31 @@ def test_cache_ram_0_keeps_nothing() -> None:
         complete(s.url, A)
         complete(s.url, B)
         assert complete(s.url, A)["timings"]["cache_n"] == 0
+
+
+def test_a_restart_on_the_same_cache_dir_serves_from_disk(tmp_path: Path) -> None:
+    flags = ("-np", "1", "-ub", "8", "--cache-dir", str(tmp_path), "--metrics")
+    model = MODELS / "tiny-granitehybrid.gguf"
+    with serving(*flags, model=model) as s:
+        first = complete(s.url, A)
+        complete(s.url, B)  # A falls out of the slot: RAM
+    # the stop wrote RAM's entries and the slot's prompt (B) to disk
+    files = sorted(tmp_path.glob("*.state"))
+    assert len(files) == 2
+    with serving(*flags, model=model) as s:
+        again = complete(s.url, A)
+        t = again["timings"]
+        assert (t["cache_n"], t["cache_source"]) == (len(A) - 4, "disk") and again["tokens"] == first[
+            "tokens"
+        ]
+        assert read_metrics(s.url)['kvtool:cache_events_total{event="hits",tier="disk"}'] == 1
+    for f in sorted(tmp_path.glob("*.state")):  # every file broken: each refused, the server serves on
+        f.write_bytes(f.read_bytes()[:-7])
+    s = start(*flags, model=model)
+    try:
+        assert complete(s.url, A)["timings"]["cache_n"] == 0
+        assert complete(s.url, B)["timings"]["cache_n"] == 0
+        assert read_metrics(s.url)['kvtool:cache_refused_total{reason="truncated",tier="disk"}'] == 2
+    finally:
+        rc, err = s.stop()
+    assert rc == 0 and err.count("refused (truncated)") == 2
