@@ -307,14 +307,18 @@ class Context:
         tokens: Tokens = None,
         sampler: Sampler | None = None,
         app: dict[str, object] | None = None,
+        blobs: Mapping[str, bytes] | None = None,
     ) -> int:
-        """Saves the context (seq None) or one sequence atomically; returns the bytes written."""
+        """Saves the context (seq None) or one sequence (with its `blobs`) atomically; returns
+        the bytes written."""
         from kvtool.state import files
 
         if seq is None:
+            if blobs:
+                raise ValueError("blobs travel with a sequence state")
             data = self.state_get_data(tokens=tokens, sampler=sampler, app=app)
         else:
-            data = self.state_seq_get_data(seq, tokens=tokens, sampler=sampler, app=app)
+            data = self.state_seq_get_data(seq, tokens=tokens, sampler=sampler, app=app, blobs=blobs)
         return files.write_atomic(path, data)
 
     def state_load_file(self, path: str | Path, seq: int | None = None) -> StateInfo:

@@ -183,6 +183,17 @@ RsSeqOpt = Annotated[
     ),
 ]
 
+CtxCheckpointsOpt = Annotated[
+    int,
+    typer.Option(
+        "-ctxcp",
+        "--ctx-checkpoints",
+        "--swa-checkpoints",
+        help="Checkpoints a sliding-window or recurrent memory keeps per sequence (0: none).",
+        callback=values.bounds(0),
+    ),
+]
+
 
 class FlagGroup:
     """A dataclass of typer options that `@flags` spreads into a verb's command line."""

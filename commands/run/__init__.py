@@ -123,6 +123,7 @@ def run(
         ),
     ] = True,
     rs_seq: common.options.RsSeqOpt = 1,
+    ctx_checkpoints: common.options.CtxCheckpointsOpt = 32,
     no_progress: Annotated[
         bool, typer.Option("--no-progress", help="No progress on stderr (loading, long prompts).")
     ] = False,
@@ -237,6 +238,7 @@ def run(
             use_template=not no_chat,
             ignore_eos=ignore_eos,
             keep=keep if context_shift else None,
+            n_checkpoints=ctx_checkpoints,
         )
 
     keeper = Keeper(ctx, new_session, session_file, db, conversation or "default")

@@ -3,7 +3,10 @@
 Each turn renders the whole conversation with the chat template, tokenizes it and hands it to
 kvtool.resume_seq, which keeps the longest prefix already in the memory and decodes only the
 rest (what llama-server does with its prompt cache), so a turn decodes just its new tokens and
-any template works."""
+any template works. A memory that cannot be cut back (sliding window, recurrent, hybrid) keeps
+a context checkpoint 4 tokens before each prompt's end (kvtool.common.checkpoints), so a turn
+whose rendering differs from what the memory holds near its end resumes from there; a saved
+conversation carries its checkpoints."""
 
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ from typing import Any
 import kvtool
 from kvtool.commands.common.generate import Generation, TextStream, Timings, generate, shift_context
 from kvtool.commands.common.progress import PROMPT_CHUNK
+from kvtool.common import slot_state
+from kvtool.common.checkpoints import CheckpointParams, SlotCheckpoints, needs_checkpoints
 
 
 def chat_section(info: kvtool.StateInfo) -> dict[str, Any]:
@@ -62,6 +67,7 @@ class ChatSession:
         use_template: bool = True,
         ignore_eos: bool = False,
         keep: int | None = None,
+        n_checkpoints: int = 0,
     ) -> None:
         if keep is not None and not ctx.memory.can_shift():
             raise kvtool.KvtoolError("--context-shift: this model's memory cannot shift positions")
@@ -76,12 +82,15 @@ class ChatSession:
         self.cached: list[int] = []  # tokens of `seq` in the memory, positions 0..n-1
         self.pending: list[int] = []  # the reply's last sampled token, decoded with the next turn
         self.timings = Timings()
+        n_cp = n_checkpoints if needs_checkpoints(ctx) else 0  # only the end-of-prompt ones
+        self.checkpoints = SlotCheckpoints(CheckpointParams(n_max=n_cp, min_step=0))
         self.clear()
 
     def clear(self) -> None:
         """Forget the conversation (the system message stays) and its cells."""
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
         self.ctx.memory.seq_rm(self.seq, -1, -1)
+        self.checkpoints.clear()
         self.cached, self.pending = [], []
         self.shifted = False  # a context shift dropped tokens: `cached` is no rendering's prefix
         self.sampler.reset()
@@ -219,26 +228,36 @@ class ChatSession:
     def _decode_prompt(
         self, tokens: list[int], on_prompt: Callable[[int, int], None] | None
     ) -> tuple[int, Any]:
-        """resume_seq on growing prefixes of `tokens`, so that a long prompt reports progress:
-        each call keeps what the previous one decoded. Returns (positions kept, logits)."""
-        if on_prompt is None:
-            return kvtool.resume_seq(self.ctx, self.seq, tokens, self.cached)
+        """resume_seq on growing prefixes of `tokens` (from the nearest checkpoint where the
+        memory cannot be cut back), so that a long prompt reports progress and a checkpoint is
+        taken where one is due: each call keeps what the previous one decoded. Returns
+        (positions kept, logits)."""
+        cps = self.checkpoints
+        self.cached = held = cps.rewind(self.ctx, self.seq, tokens, self.cached)
+        cps.start(tokens)
         kept, logits = -1, None
-        held = self.cached
-        n = min(len(tokens), len(_common_prefix(held, tokens)) + PROMPT_CHUNK)
+        n = len(_common_prefix(held, tokens))
         while True:
+            start, n = n, min(len(tokens), n + PROMPT_CHUNK) if on_prompt is not None else len(tokens)
+            if (stop := cps.next_stop(start)) > 0:
+                n = min(n, stop)
             k, logits = kvtool.resume_seq(self.ctx, self.seq, tokens[:n], held)
             kept = k if kept < 0 else kept
             self.cached = held = tokens[:n]  # on an error in the next chunk, this much is in
-            on_prompt(n - kept, len(tokens) - kept)
+            if cps.due(n):
+                cps.add(self.ctx, self.seq, n)
+            if on_prompt is not None:
+                on_prompt(n - kept, len(tokens) - kept)
             if n == len(tokens):
                 return kept, logits
-            n = min(len(tokens), n + PROMPT_CHUNK)
 
     # -- saving and resuming --------------------------------------------------------------------
     def _state_args(self) -> dict[str, Any]:
         chat = {"system": self.system, "messages": self.messages}
-        return {"tokens": self.cached, "sampler": self.sampler, "app": {"chat": chat}}
+        return {
+            "sampler": self.sampler,
+            **slot_state.with_checkpoints(self.cached, self.checkpoints, {"chat": chat}),
+        }
 
     def state_data(self) -> bytes:
         """The conversation as a sequence state: its cells, token ids, messages and sampler."""
@@ -254,6 +273,8 @@ class ChatSession:
         and staged before any is applied: on StateError nothing has changed."""
         info = kvtool.inspect_state(data)
         chat = chat_section(info)
+        has_cps = slot_state.APP_KEY in (info.app or {})  # states saved before checkpoints have none
+        cp_tokens, cps = slot_state.checkpoints_of(info, self.ctx.model.n_vocab) if has_cps else ([], [])
         sampler = kvtool.Sampler(self.sampler.params)  # staged: swapped in once the cells are in
         if not info.restore_sampler(sampler):
             sampler = self.sampler  # none saved: the session's own goes on
@@ -261,6 +282,7 @@ class ChatSession:
         self.system = chat.get("system")
         self.messages = [dict(m) for m in chat["messages"]]
         self.cached, self.pending = list(info.tokens() or []), []
+        self.checkpoints.put(cp_tokens, cps)
         self.shifted = False
         self.sampler = sampler
         return info

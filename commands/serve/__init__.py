@@ -207,16 +207,7 @@ def serve(
         bool, typer.Option("--metrics", help="Serve /metrics (Prometheus text, with the KV ledger).")
     ] = False,
     slots: Annotated[bool, typer.Option("--slots/--no-slots", help="Serve /slots.")] = True,
-    ctx_checkpoints: Annotated[
-        int,
-        typer.Option(
-            "-ctxcp",
-            "--ctx-checkpoints",
-            "--swa-checkpoints",
-            help="Checkpoints a slot keeps of a sliding-window or recurrent memory (0: none).",
-            callback=common.values.bounds(0),
-        ),
-    ] = 32,
+    ctx_checkpoints: common.options.CtxCheckpointsOpt = 32,
     checkpoint_min_step: Annotated[
         int,
         typer.Option(

@@ -62,6 +62,34 @@ class SlotCheckpoints:
     def clear(self) -> None:
         self.tokens, self.items = [], []
 
+    def put(self, tokens: Sequence[int], items: Sequence[Checkpoint]) -> None:
+        """Takes checkpoints of `tokens` restored from a state (the most recent that fit)."""
+        n = self.params.n_max
+        self.tokens = list(tokens)
+        self.items = list(items[len(items) - n :]) if n > 0 else []
+
+    def load(self, ctx: kvtool.Context, seq: int, tokens: Sequence[int], n_max: int, n_min: int = 0) -> int:
+        """Loads into `seq` the latest checkpoint holding a prefix of `tokens` no longer than
+        `n_max` and longer than `n_min`; its length, or 0 (`seq` as it was) when there is none
+        or the memory has no room for it."""
+        cp = self.nearest(tokens, n_max)
+        if cp is None or cp.n_tokens <= n_min:
+            return 0
+        try:
+            ctx.state_seq_set_data(cp.data, seq)
+        except kvtool.StateError:
+            return 0
+        return cp.n_tokens
+
+    def rewind(self, ctx: kvtool.Context, seq: int, tokens: Sequence[int], held: Sequence[int]) -> list[int]:
+        """Before kvtool.resume_seq: when `seq` (holding `held`) cannot be cut back to its common
+        prefix with `tokens`, loads the nearest checkpoint; returns what `seq` then holds."""
+        keep = min(common_prefix(held, tokens), len(tokens) - 1, ctx.memory.seq_pos_max(seq) + 1)
+        if keep == 0 or ctx.can_resume(seq, keep):
+            return list(held)
+        n = self.load(ctx, seq, tokens, keep)
+        return list(tokens[:n]) if n else list(held)
+
     def nearest(self, tokens: Sequence[int], n: int) -> Checkpoint | None:
         """The latest checkpoint holding a prefix of `tokens` no longer than `n`."""
         n = min(n, common_prefix(self.tokens, tokens))

@@ -194,17 +194,7 @@ class Scheduler:
             task.events.on_start(task)
 
     def _from_checkpoint(self, slot: Slot, tokens: Sequence[int], n_max: int, n_min: int) -> int:
-        """Loads the slot's latest checkpoint that holds a prefix of `tokens` no longer than
-        `n_max` and longer than `n_min`; its length, or 0 (the sequence as it was) when there is
-        none or no room."""
-        cp = slot.checkpoints.nearest(tokens, n_max)
-        if cp is None or cp.n_tokens <= n_min:
-            return 0
-        try:
-            self.ctx.state_seq_set_data(cp.data, slot.seq)
-        except kvtool.StateError:
-            return 0
-        return cp.n_tokens
+        return slot.checkpoints.load(self.ctx, slot.seq, tokens, n_max, n_min)
 
     def _count_reuse(
         self,

@@ -6,11 +6,12 @@ one-line StateError and the slot is as it was."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import kvtool
-from kvtool.common.checkpoints import Checkpoint
+from kvtool.common.checkpoints import Checkpoint, SlotCheckpoints
 from kvtool.state import files
 
 if TYPE_CHECKING:
@@ -22,10 +23,17 @@ CHECKPOINT = "checkpoint."  # blob name prefix; the rest is the checkpoint's n_t
 
 def encode(ctx: kvtool.Context, slot: Slot) -> bytes:
     """The slot's state: its sequence, the tokens it holds, its checkpoints."""
-    cps = slot.checkpoints
+    return ctx.state_seq_get_data(slot.seq, **with_checkpoints(slot.held, slot.checkpoints))
+
+
+def with_checkpoints(
+    tokens: Sequence[int], cps: SlotCheckpoints, app: dict[str, object] | None = None
+) -> dict[str, Any]:
+    """The state_seq_get_data arguments that store a sequence's tokens and its checkpoints
+    (beside the application's own `app` entries)."""
     blobs = {f"{CHECKPOINT}{c.n_tokens}": c.data for c in cps.items}
-    app: dict[str, object] = {APP_KEY: {"checkpoint_tokens": list(cps.tokens) if cps.items else []}}
-    return ctx.state_seq_get_data(slot.seq, tokens=slot.held, app=app, blobs=blobs)
+    ours = {APP_KEY: {"checkpoint_tokens": list(cps.tokens) if cps.items else []}}
+    return {"tokens": list(tokens), "app": {**(app or {}), **ours}, "blobs": blobs}
 
 
 def _ids(value: object, n_vocab: int, what: str) -> list[int]:
@@ -38,8 +46,9 @@ def _ids(value: object, n_vocab: int, what: str) -> list[int]:
     return value
 
 
-def _checkpoints(info: kvtool.StateInfo, n_vocab: int) -> tuple[list[int], list[Checkpoint]]:
-    """The checkpoints a slot state carries, each verified (checksum, kind, model)."""
+def checkpoints_of(info: kvtool.StateInfo, n_vocab: int) -> tuple[list[int], list[Checkpoint]]:
+    """The checkpoints a state stored `with_checkpoints` carries (the tokens they are prefixes
+    of, and them in order), each verified (checksum, kind, model)."""
     app = (info.app or {}).get(APP_KEY)
     if not isinstance(app, dict):
         raise kvtool.StateError("this sequence state is not a slot's (no 'kvtool.slot' entry)")
@@ -67,13 +76,11 @@ def restore(ctx: kvtool.Context, slot: Slot, data: bytes) -> int:
     held = _ids(info.tokens(), ctx.model.n_vocab, "token ids (none saved)")
     if len(held) != info.seqs[0].pos_max + 1:
         raise kvtool.StateError("corrupted slot state: the token ids do not match its positions")
-    cp_tokens, items = _checkpoints(info, ctx.model.n_vocab)
+    cp_tokens, items = checkpoints_of(info, ctx.model.n_vocab)
     if len(held) >= ctx.n_ctx_seq:
         raise kvtool.StateError(f"the slot state holds {len(held)} tokens; a slot holds {ctx.n_ctx_seq}")
     ctx.state_seq_set_data(data, slot.seq)  # verified again against the model and memory
-    n_max = slot.checkpoints.params.n_max
-    slot.checkpoints.tokens = cp_tokens
-    slot.checkpoints.items = items[len(items) - n_max :] if n_max > 0 else []
+    slot.checkpoints.put(cp_tokens, items)
     slot.held, slot.lost, slot.source, slot.n_source = held, [], None, 0
     slot.keeps, slot.n_past = bool(held), len(held)
     return len(held)
