@@ -151,9 +151,9 @@ _GROUPS: list[tuple[tuple[str, ...], str]] = [
         "kvtool streams the reply as the model writes it: no reasoning or tool-call parsing",
     ),
     (
-        ("--prompt-cache", "--prompt-cache-all", "--prompt-cache-ro", "-ctxcp", "--ctx-checkpoints",
-         "--swa-checkpoints", "-cram", "--cache-ram"),
-        "`kvtool run --session FILE` resumes and saves the chat's state (--store DB keeps named ones)",
+        ("--prompt-cache", "--prompt-cache-all", "--prompt-cache-ro", "-cram", "--cache-ram"),
+        "`kvtool run --session FILE` resumes and saves the chat's state, context checkpoints included "
+        "(--store DB keeps named ones; kvtool serve has -cram and --cache-dir)",
     ),
     (
         ("--warmup", "--no-warmup"),
@@ -240,11 +240,11 @@ _SERVE_GROUPS: list[tuple[tuple[str, ...], str]] = [
         "a chat is rendered whole and the answer starts a new assistant turn",
     ),
     (
-        ("--prompt-cache", "--prompt-cache-all", "--prompt-cache-ro", "-cram", "--cache-ram", "-ctxcp",
-         "--ctx-checkpoints", "--swa-checkpoints", "-cms", "--checkpoint-min-step", "--cache-idle-slots",
-         "--no-cache-idle-slots", "--cache-reuse", "--slot-save-path"),
-        "kvtool serve reuses the longest common prefix a slot holds in its cells (--cache-prompt); "
-        "it has no RAM or disk tier, checkpoints or slot files",
+        ("--prompt-cache", "--prompt-cache-all", "--prompt-cache-ro", "--cache-idle-slots",
+         "--no-cache-idle-slots", "--cache-reuse"),
+        "kvtool serve reuses the longest common prefix a slot holds (--cache-prompt), keeps what slots "
+        "drop in RAM (-cram) and on disk (--cache-dir), and an idle slot's prompt goes to them when "
+        "another conversation takes the slot; no chunk reuse after a divergence",
     ),
     (
         ("--kv-unified-per-slot",),

@@ -24,7 +24,7 @@ from kvtool.common import slot_state
 from kvtool.common.ram_cache import MIN_KEEP, Entry, TierStats
 
 if TYPE_CHECKING:
-    from kvtool.common.scheduler import Slot
+    from kvtool.common.slots import Slot
 
 INDEX = "index.sqlite"
 SUFFIX = ".state"

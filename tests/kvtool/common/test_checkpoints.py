@@ -1,7 +1,8 @@
-"""Context checkpoints in the shared scheduler, on tiny sliding-window (Gemma 3), recurrent
-(Mamba-2) and hybrid (Granite hybrid) models: a conversation continued, regenerated and edited in
-its last turn re-processes only the tokens after the nearest checkpoint, and answers with the
-same greedy tokens as a from-scratch run; an attention-only model keeps none."""
+"""Context checkpoints in the shared scheduler, on tiny sliding-window (Gemma 2, Gemma 3),
+recurrent (Mamba-2) and hybrid (Granite hybrid) models: a conversation continued, regenerated and
+edited in its last turn re-processes only the tokens after the nearest checkpoint, and answers
+with the same greedy tokens as a from-scratch run; attention-only models (llama, qwen2, qwen3,
+phi3, granite, olmo2) keep none."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from kvtool.common.scheduler import Scheduler, SchedulerParams
 from kvtool.common.task import Request
 from tests.kvtool.common.test_scheduler import GREEDY, MODELS, reference, run
 
-KINDS = ["tiny-gemma3", "tiny-mamba2", "tiny-granitehybrid"]
+KINDS = ["tiny-gemma2", "tiny-gemma3", "tiny-mamba2", "tiny-granitehybrid"]
+WINDOWED = ("tiny-gemma2", "tiny-gemma3")
 STEP = 64  # mid-prompt checkpoints every 64 tokens
 N = 6
 LONG = [(i * 7) % 200 + 3 for i in range(300)]  # token ids every tiny vocabulary has
@@ -49,12 +51,12 @@ def test_a_conversation_resumes_from_the_nearest_checkpoint(name: str) -> None:
     assert [c.n_tokens for c in cps.items][-2:] == [320, len(p2) - 4]
     # regenerated: the end-of-prompt checkpoint (a window still holds what its last token needs)
     n, src, _ = ask(sched, model, p2)
-    assert (n, src) == ((len(p2) - 1, "slot") if name == "tiny-gemma3" else (len(p2) - 4, "checkpoint"))
+    assert (n, src) == ((len(p2) - 1, "slot") if name in WINDOWED else (len(p2) - 4, "checkpoint"))
     # the last turn edited from its 6th token: the end of the first prompt is the nearest
     # checkpoint (the window cache still holds the positions before the edit)
     edited = [*p2[: held + 6], *range(240, 260)]
     n, src, _ = ask(sched, model, edited)
-    assert (n, src) == ((held + 6, "slot") if name == "tiny-gemma3" else (297, "checkpoint"))
+    assert (n, src) == ((held + 6, "slot") if name in WINDOWED else (297, "checkpoint"))
     assert max(c.n_tokens for c in cps.items) == len(edited) - 4
     # an early turn edited: the window has forgotten it too
     early = [*p1[:70], *range(200, 220)]
@@ -78,8 +80,10 @@ def test_the_count_is_bounded_and_none_means_none(name: str) -> None:
     assert sched.slots[0].checkpoints.items == []
 
 
-def test_an_attention_only_memory_keeps_none(tiny_llama: kvtool.Model) -> None:
-    sched = make(tiny_llama, CheckpointParams(n_max=8, min_step=8))
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "phi3", "granite", "olmo2"])
+def test_an_attention_only_memory_keeps_none(name: str) -> None:
+    model = kvtool.Model(MODELS / f"tiny-{name}.gguf")
+    sched = make(model, CheckpointParams(n_max=8, min_step=8))
     prompt = [1, *range(10, 60)]
     run(sched, Request(prompt, 2, GREEDY))
     (t,) = run(sched, Request(prompt, 2, GREEDY))
