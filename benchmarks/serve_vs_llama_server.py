@@ -29,6 +29,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import IO
 
 KVTOOL = [sys.executable, "-m", "kvtool.commands"]
 PREFIX = "You are a careful assistant who answers in one sentence. " * 40  # about 480 tokens
@@ -40,8 +41,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(cmd: list[str], port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def start(cmd: list[str], port: int, log: IO[bytes] | None = None) -> subprocess.Popen[bytes]:
+    """Starts a server and waits for its /health; its output goes to `log` (default: nowhere)."""
+    out = log if log is not None else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, stdout=out, stderr=out)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 import kvtool
 from kvtool.common.checkpoints import Checkpoint, SlotCheckpoints
-from kvtool.state import files
 
 if TYPE_CHECKING:
     from kvtool.common.slots import Slot
@@ -108,9 +107,13 @@ def valid_filename(name: str) -> bool:
 
 def write_file(path: Path, data: bytes) -> int:
     """Writes a slot state atomically, over nothing or a state file only; the bytes written."""
+    from kvtool.state import files  # torch comes with it: not at import (a verb's --help)
+
     return files.write_atomic(path, data)
 
 
 def read_file(path: Path) -> bytes:
     """The bytes of a slot state file (a regular file), or a one-line StateError."""
+    from kvtool.state import files
+
     return files.read_file(path)
