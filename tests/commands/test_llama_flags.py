@@ -107,7 +107,7 @@ def test_llama_cpp_flags_kvtool_lacks_name_themselves_and_the_offer(args: list[s
 @pytest.mark.parametrize(
     ("args", "offer"),
     [
-        (["serve", "-cram", "100"], "no RAM or disk tier"),  # run's offer is `kvtool run --session`
+        (["serve", "--cache-reuse", "256"], "no chunk reuse"),  # run's offer is `kvtool run --session`
         (["serve", "--temp", "0"], "a request sets its own sampling"),  # run has --temp
         (["serve", "--no-webui"], "no web UI"),
         (["run", "-cram", "100"], "kvtool run --session"),
