@@ -30,7 +30,8 @@ def test_blobs_round_trip_and_leave_the_memory_alone(tiny_llama: kvtool.Model) -
 
 
 def test_a_blob_is_under_the_checksum_and_must_be_bytes(tiny_llama: kvtool.Model) -> None:
-    ctx = kvtool.Context(tiny_llama, kvtool.ContextParams(n_ctx=256))
+    f32 = kvtool.ContextParams(n_ctx=256, type_k="f32", type_v="f32")  # tensors numpy reads
+    ctx = kvtool.Context(tiny_llama, f32)
     kvtool.decode_tokens(ctx, [1, 5, 6], 0, 0)
     data = bytearray(ctx.state_seq_get_data(0, blobs={"b": b"zzzz"}))
     at = bytes(data).rindex(b"zzzz")
