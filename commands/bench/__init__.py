@@ -185,6 +185,9 @@ def bench(
             TimeElapsedColumn(),
             console=shown,
             transient=True,
+            # off a terminal rich draws nothing, but each stop() of a display would still end
+            # with a blank line between the table's rows (2>&1)
+            disable=not shown.is_terminal,
             **common.timed_refresh(shown),
         ) as progress:
             task = progress.add_task("bench", total=len(jobs))

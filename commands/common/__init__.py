@@ -46,11 +46,9 @@ def timed_status(console: Console, message: str) -> AbstractContextManager[objec
 
 
 def progress_console(console: Console, no_progress: bool) -> Console:
-    """Where spinners and bars go: `console` on a terminal, else nowhere (--no-progress, a pipe
-    or a file: rich would draw nothing there but still end each stopped display with a blank
-    line, which splits a table read from 2>&1)."""
-    real = text.real_console(console)
-    return real if real.is_terminal and not no_progress else text.console(stderr=True, quiet=True)
+    """Where spinners and bars go: `console`, or nowhere with --no-progress. rich draws them
+    only on a terminal, so a pipe or a file gets none either way."""
+    return text.console(stderr=True, quiet=True) if no_progress else text.real_console(console)
 
 
 _WEIGHTS = ("auto", "f32", "f16", "bf16")
