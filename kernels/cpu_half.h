@@ -40,11 +40,11 @@ static inline float half_to_float(uint16_t h) {
 #endif
 }
 
-/* y = x * w / sqrt(mean(x^2) + eps) over n elements, as ggml computes an RMS norm: the sum of
- * squares in double, then (x * scale) * w; y may be x. */
+/* y = x * w / sqrt(mean(x^2) + eps) over n elements, as ggml computes an RMS norm: each square a
+ * float, their sum in double, then (x * scale) * w; y may be x. */
 static inline void rms_norm_row(const float *x, int64_t n, const float *w, float eps, float *y) {
     double ss = 0.0;
-    for (int64_t j = 0; j < n; j++) ss += (double)x[j] * x[j];
+    for (int64_t j = 0; j < n; j++) ss += (double)(x[j] * x[j]);
     const float scale = 1.0f / sqrtf((float)(ss / (double)n) + eps);
     for (int64_t j = 0; j < n; j++) y[j] = (x[j] * scale) * w[j];
 }

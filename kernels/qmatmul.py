@@ -1,10 +1,13 @@
 """Quantized matmul on CPU over GGUF blocks as they lie in the file (qmatmul.c, via cpu_lib).
 
-y = x @ W.T the way llama.cpp's CPU backend computes it: each row of x is quantized to int8 per
-block of 32 (scale max|x| / 127, round half to even), each weight block's integer dot product
-with it is scaled by both scales, and an affine format's offset is added through the activation
-block's sum. `qmatmul_ref` is that specification in torch; the C kernel computes the same integer
-sums and differs only in the order of float additions.
+y = x @ W.T the way llama.cpp's CPU backend computes it: each row of x is quantized to the
+activation type ggml pairs with W's format (its `vec_dot_type`): Q8_0 (int8 per block of 32,
+scale max|x| / 127 stored as a half) for Q4_0, Q5_0 and Q8_0; Q8_1 (Q8_0 and the block's d * sum
+as a half) for Q4_1, whose offset m comes in through it; Q8_K (int8 per 256, scale -max / 127 of
+the largest |x| with its sign, a float) for the K-quants. Each weight block's integer dot product
+with it is scaled by both scales. `qmatmul_ref` is that specification in torch; the C kernel
+computes the same integer sums and differs only in the order of float additions (on AVX2 its
+order is ggml's vec_dot's, so a row has the bits llama.cpp computes).
 
 No compiler or a failed build means `available()` is False and callers keep another path
 (kernels/cpu_lib.py builds and loads the C kernels).
@@ -26,6 +29,7 @@ from kvtool.kernels.dequant import (
     Q4_1,
     Q4_K,
     Q5_0,
+    Q5_K,
     Q6_K,
     Q8_0,
     QK_K,
@@ -39,6 +43,7 @@ BLOCKS = {
     Q5_0: (32, 22),
     Q8_0: (32, 34),
     Q4_K: (QK_K, 144),
+    Q5_K: (QK_K, 176),
     Q6_K: (QK_K, 210),
     # qmatmul_lowbit.c: activations quantized per format as llama.cpp does (qmatmul_lowbit.py)
     Q2_K: (QK_K, 84),
@@ -46,6 +51,7 @@ BLOCKS = {
     IQ4_XS: (QK_K, 136),
     IQ4_NL: (32, 18),
 }
+K_QUANTS = (Q4_K, Q5_K, Q6_K)  # their activations are Q8_K
 MAX_SEGS = 8  # weights one call stacks (qmatmul.c's MAX_SEGS)
 LOWBIT_TYPES = (Q2_K, Q3_K, IQ4_XS, IQ4_NL)  # qmatmul_lowbit.c's
 
@@ -185,24 +191,54 @@ def qmatmul(x: torch.Tensor, w: torch.Tensor, qtype: int, shape: tuple[int, int]
 # -------------------------------------------------------------------------------- specification
 
 
-def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [n, K] -> (q [n, K/32, 32] int values as float, d [n, K/32, 1]) as qmatmul.c quantizes."""
+def quantize_q8_0_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [n, K] -> (q [n, K/32, 32] int values as float, d [n, K/32, 1]) as ggml's x86
+    quantize_row_q8_0: q = round(x * 127 / amax) (ties to even), d = amax / 127 rounded to a half."""
     xb = x.float().reshape(x.shape[0], -1, 32)
-    d = xb.abs().amax(-1, keepdim=True) / 127.0
-    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
-    return torch.round(xb * inv), d
+    amax = xb.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax != 0, 127.0 / amax, torch.zeros_like(amax))
+    return torch.round(xb * inv), (amax / 127.0).half().float()
+
+
+def quantize_q8_1_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q8_1: Q8_0's (q, d) and s [n, K/32, 1] = (amax / 127) * sum(q), rounded to a half."""
+    q, d = quantize_q8_0_ref(x)
+    amax = x.float().reshape(x.shape[0], -1, 32).abs().amax(-1, keepdim=True)
+    return q, d, ((amax / 127.0) * q.sum(-1, keepdim=True)).half().float()
+
+
+def quantize_q8_K_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [n, K] -> (q [n, K/256, 256], d [n, K/256, 1]) as ggml's quantize_row_q8_K_ref: with
+    max the first element of the largest |x| (its sign kept), q = round(-127 / max * x) (ties
+    to even), d = 1 / (-127 / max); an all-zero block has d = 0."""
+    xb = x.float().reshape(x.shape[0], -1, QK_K)
+    mx = torch.gather(xb, -1, xb.abs().argmax(-1, keepdim=True))
+    iscale = torch.where(mx != 0, -127.0 / mx, torch.zeros_like(mx))
+    q = torch.round(iscale * xb).clamp(max=127)
+    return q, torch.where(mx != 0, 1.0 / iscale, torch.zeros_like(mx))
 
 
 def qmatmul_ref(x: torch.Tensor, w: torch.Tensor, qtype: int, shape: tuple[int, int]) -> torch.Tensor:
-    """The specification: quantized activations times the exactly dequantized weights, in float64."""
-    q, d = quantize_rows_ref(x)
-    xq = (q * d).reshape(x.shape[0], -1).double()
-    return (xq @ dequantize(w, qtype, shape).double().T).float()
+    """The specification: the activations quantized for the format times the exactly dequantized
+    weights, in float64 (Q4_1: its offsets times the activations' s instead of d * sum(q))."""
+    n = x.shape[0]
+    wd = dequantize(w, qtype, shape).double()
+    if qtype in K_QUANTS:
+        q, d = quantize_q8_K_ref(x)
+        return ((q.double() * d.double()).reshape(n, -1) @ wd.T).float()
+    if qtype != Q4_1:
+        q, d = quantize_q8_0_ref(x)
+        return ((q.double() * d.double()).reshape(n, -1) @ wd.T).float()
+    q, d, s = quantize_q8_1_ref(x)
+    m = w.reshape(-1).view(torch.uint8).view(-1, 20)[:, 2:4].contiguous().view(torch.float16)
+    m = m.double().reshape(shape[0], -1)  # [N, K/32]: each block's offset
+    offset = (s - d * q.sum(-1, keepdim=True)).squeeze(-1).double()  # [n, K/32]
+    return ((q.double() * d.double()).reshape(n, -1) @ wd.T + offset @ m.T).float()
 
 
 def rms_norm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """ggml's RMS norm (the sum of squares in float64), then the weight."""
-    mean = (x.double().pow(2).sum(-1, keepdim=True) / x.shape[-1]).float()
+    """ggml's RMS norm (each square a float, their sum in float64), then the weight."""
+    mean = (x.float().pow(2).double().sum(-1, keepdim=True) / x.shape[-1]).float()
     return (x * (1.0 / torch.sqrt(mean + eps))) * w
 
 

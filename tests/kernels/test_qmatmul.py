@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
 from kvtool.kernels import cpu_lib, qmatmul
-from kvtool.kernels.dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0
+from kvtool.kernels.dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0
 
 pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: the kernel is not built")
 
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: 
 def weight(qtype: int, n_out: int, k: int, seed: int) -> torch.Tensor:
     """Raw blocks [n_out, row bytes] of a random weight of type `qtype`."""
     rng = np.random.default_rng(seed)
-    if qtype == Q4_K:  # gguf cannot quantize K-quants: random blocks with small scales
-        b = rng.integers(0, 256, size=(n_out * k // 256, 144), dtype=np.uint8)
+    if qtype in (Q4_K, Q5_K):  # gguf cannot quantize K-quants: random blocks with small scales
+        b = rng.integers(0, 256, size=(n_out * k // 256, 144 if qtype == Q4_K else 176), dtype=np.uint8)
         b[:, 0:4] = rng.uniform(1e-3, 4e-3, size=(b.shape[0], 2)).astype(np.float16).view(np.uint8)
         return torch.from_numpy(b).reshape(n_out, -1)
     if qtype == Q6_K:  # random bits, int8 scales of both signs, d last
@@ -32,7 +32,7 @@ def weight(qtype: int, n_out: int, k: int, seed: int) -> torch.Tensor:
     return torch.from_numpy(quantize(x, GGMLQuantizationType(qtype)))
 
 
-@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K])
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K])
 @pytest.mark.parametrize("n", [1, 2, 4, 5, 9, 19])
 @pytest.mark.parametrize("threads", [1, 3])
 def test_matches_the_specification(lib: ctypes.CDLL, qtype: int, n: int, threads: int) -> None:
@@ -50,7 +50,7 @@ def test_matches_the_specification(lib: ctypes.CDLL, qtype: int, n: int, threads
     torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
 
 
-@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K])
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K])
 def test_a_row_gives_the_same_bits_alone_or_among_others(lib: ctypes.CDLL, qtype: int) -> None:
     """Rows go through a one-row, a four-row or (AVX2) an eight-row group kernel depending on
     how many share a call; each sums in the same order, so a sequence's logits do not depend on
@@ -109,12 +109,33 @@ def test_strided_rows_and_the_portable_build_agree(lib: ctypes.CDLL) -> None:
 
 def test_activation_quantization_is_ggml_q8_0() -> None:
     x = torch.randn(4, 256) * 3
-    q, d = qmatmul.quantize_rows_ref(x)
+    q, d = qmatmul.quantize_q8_0_ref(x)
     blocks = quantize(x.numpy(), GGMLQuantizationType.Q8_0).reshape(-1, 34)
     want_q = blocks[:, 2:].view(np.int8).astype(np.float32).reshape(4, -1, 32)
     assert np.array_equal(q.numpy(), want_q)  # ties (x * id exactly .5) do not occur here
     want_d = blocks[:, :2].copy().view(np.float16).astype(np.float32).reshape(4, -1, 1)
-    assert np.array_equal(d.half().float().numpy(), want_d)  # gguf stores the scale in f16
+    assert np.array_equal(d.numpy(), want_d)
+
+
+def test_q8_1_activations_carry_the_scaled_sum() -> None:
+    x = torch.randn(3, 128)
+    q, d, s = qmatmul.quantize_q8_1_ref(x)
+    assert torch.equal(q, qmatmul.quantize_q8_0_ref(x)[0]) and torch.equal(d, qmatmul.quantize_q8_0_ref(x)[1])
+    amax = x.reshape(3, -1, 32).abs().amax(-1, keepdim=True)
+    want = (amax.double() / 127 * q.sum(-1, keepdim=True).double()).numpy()
+    np.testing.assert_allclose(s.numpy(), want, rtol=2.0**-11)  # a half's rounding
+
+
+def test_q8_K_activations_scale_by_the_largest_element_with_its_sign() -> None:
+    x = torch.randn(2, 512) * torch.logspace(-2, 1, 512)
+    x[1, 256:] = 0.0  # an all-zero block
+    x[0, 7] = -50.0  # the largest |x| of block 0 is negative, of block 1 positive: either way its
+    x[0, 300] = 40.0  # q is -127, and d has the opposite sign
+    q, d = qmatmul.quantize_q8_K_ref(x)
+    assert q[0, 0, 7] == -127 and q[0, 1, 300 - 256] == -127 and float(d[0, 1]) < 0 < float(d[0, 0])
+    assert q.abs().max() <= 127 and float(d[1, 1]) == 0.0 and not q[1, 1].any()
+    err = (q * d - x.reshape(2, -1, 256)).abs()
+    assert bool((err <= d.abs() / 2 * (1 + 1e-6)).all())  # each value within half a step
 
 
 def test_bad_calls_are_refused() -> None:

@@ -1,0 +1,116 @@
+/* Activation quantization for the block matmuls: see q8_act.h. The AVX2 code and the portable
+ * code give the same blocks. */
+
+#include "q8_act.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "cpu_half.h"
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define KV_AVX2 1
+#endif
+
+#ifdef KV_AVX2
+/* 32 floats -> 32 int8 of round(x * id) (ties to even) in element order, and their sum. */
+static inline int quantize32(const float *x, float id, int8_t *q) {
+    const __m256 mul = _mm256_set1_ps(id);
+    __m256i i[4];
+    for (int r = 0; r < 4; r++)
+        i[r] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * r), mul),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m256i total = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* max |x| over n floats (n a multiple of 8); a NaN is passed over, as fmaxf does. */
+static inline float amax_of(const float *x, int64_t n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), m);
+    __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    return _mm_cvtss_f32(m4);
+}
+#else
+static inline int quantize32(const float *x, float id, int8_t *q) {
+    int sum = 0;
+    for (int j = 0; j < QK8; j++) {
+        q[j] = (int8_t)nearbyintf(x[j] * id);
+        sum += q[j];
+    }
+    return sum;
+}
+
+static inline float amax_of(const float *x, int64_t n) {
+    float m = 0.0f;
+    for (int64_t j = 0; j < n; j++) m = fmaxf(m, fabsf(x[j]));
+    return m;
+}
+#endif
+
+void kvq_quantize_row_q8_0(const float *x, block_q8_0 *y, int64_t k) {
+    for (int64_t b = 0; b < k / QK8; b++, x += QK8) {
+        const float amax = amax_of(x, QK8);
+        y[b].d = float_to_half(amax / 127.0f);
+        quantize32(x, amax != 0.0f ? 127.0f / amax : 0.0f, y[b].qs);
+    }
+}
+
+void kvq_quantize_row_q8_1(const float *x, block_q8_1 *y, int64_t k) {
+    for (int64_t b = 0; b < k / QK8; b++, x += QK8) {
+        const float amax = amax_of(x, QK8), d = amax / 127.0f;
+        y[b].d = float_to_half(d);
+        y[b].s = float_to_half(d * (float)quantize32(x, amax != 0.0f ? 127.0f / amax : 0.0f, y[b].qs));
+    }
+}
+
+void kvq_quantize_row_q8_K(const float *x, block_q8_K *y, int64_t k) {
+    for (int64_t b = 0; b < k / QK_K; b++, x += QK_K) {
+        const float amax = amax_of(x, QK_K);
+        if (amax == 0.0f) { /* ggml leaves bsums as they were: zeros here */
+            memset(&y[b], 0, sizeof(y[b]));
+            continue;
+        }
+        float max = 0.0f; /* the first element of the largest |x|, with its sign */
+        for (int j = 0; j < QK_K; j++)
+            if (fabsf(x[j]) == amax) {
+                max = x[j];
+                break;
+            }
+        const float iscale = -127.0f / max;
+        for (int g = 0; g < QK_K / QK8; g++) {
+            int8_t *q = y[b].qs + g * QK8;
+            quantize32(x + g * QK8, iscale, q); /* |iscale * x| <= 127: ggml's MIN(127, v) never bites */
+            for (int h = 0; h < 2; h++) {
+                int s = 0;
+                for (int j = 0; j < 16; j++) s += q[16 * h + j];
+                y[b].bsums[2 * g + h] = (int16_t)s;
+            }
+        }
+        y[b].d = 1.0f / iscale;
+    }
+}
+
+int64_t kvq_act_row_bytes(int vdt, int64_t k) {
+    switch (vdt) {
+    case VDT_Q8_0: return k / QK8 * (int64_t)sizeof(block_q8_0);
+    case VDT_Q8_1: return k / QK8 * (int64_t)sizeof(block_q8_1);
+    default: return k / QK_K * (int64_t)sizeof(block_q8_K);
+    }
+}
+
+void kvq_quantize_row(int vdt, const float *x, void *y, int64_t k) {
+    switch (vdt) {
+    case VDT_Q8_0: kvq_quantize_row_q8_0(x, y, k); break;
+    case VDT_Q8_1: kvq_quantize_row_q8_1(x, y, k); break;
+    default: kvq_quantize_row_q8_K(x, y, k); break;
+    }
+}

@@ -1,0 +1,80 @@
+/* The weight formats of the block matmuls (qmatmul.c): ggml's block layouts, and per format its
+ * activation type and its row kernels (qrows_0.c: the 32-element formats, qrows_k.c: the
+ * K-quants). A row kernel computes what ggml's vec_dot for the format computes, in the same
+ * order of float operations on AVX2, so each output has the bits of llama.cpp's; the kernels
+ * for several activation rows at once give every row those same bits. */
+#ifndef KVTOOL_QFORMATS_H
+#define KVTOOL_QFORMATS_H
+
+#include <stdint.h>
+
+#include "q8_act.h"
+
+/* ggml's type ids */
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
+
+typedef struct {
+    uint16_t d;
+    uint8_t qs[QK8 / 2];
+} block_q4_0;
+typedef struct {
+    uint16_t d, m;
+    uint8_t qs[QK8 / 2];
+} block_q4_1;
+typedef struct {
+    uint16_t d;
+    uint8_t qh[4];
+    uint8_t qs[QK8 / 2];
+} block_q5_0;
+/* Q8_0 weights are block_q8_0 (q8_act.h). */
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[12]; /* 8 six-bit scales and 8 six-bit mins */
+    uint8_t qs[QK_K / 2];
+} block_q4_K;
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[12];
+    uint8_t qh[QK_K / 8];
+    uint8_t qs[QK_K / 2];
+} block_q5_K;
+typedef struct {
+    uint8_t ql[QK_K / 2];
+    uint8_t qh[QK_K / 4];
+    int8_t scales[QK_K / 16];
+    uint16_t d;
+} block_q6_K;
+
+/* out[r] = (weight row w) . (activation row act[r]) for r < the kernel's row count; nb blocks. */
+typedef void (*rows_fn)(const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out);
+
+#define ROW_KERNELS 4 /* kernels of 1, 2, 4 and 8 activation rows */
+
+typedef struct {
+    int type;
+    int64_t blck, type_size; /* elements and bytes of a block */
+    int vdt;                 /* the activation type (q8_act.h) */
+    const rows_fn *rows;     /* ROW_KERNELS of them */
+} qformat;
+
+/* The format of a type id, or NULL. */
+const qformat *kvq_format(int type);
+
+/* Row kernels of each format: qrows_0.c, qrows_k.c. */
+extern const rows_fn kvq_rows_q4_0[ROW_KERNELS], kvq_rows_q4_1[ROW_KERNELS], kvq_rows_q5_0[ROW_KERNELS],
+    kvq_rows_q8_0[ROW_KERNELS];
+extern const rows_fn kvq_rows_q4_K[ROW_KERNELS], kvq_rows_q5_K[ROW_KERNELS], kvq_rows_q6_K[ROW_KERNELS];
+
+/* Q4_K / Q5_K: the 8 six-bit scales (utmp[0..1]) and mins (utmp[2..3]) of 12 packed bytes, as
+ * ggml unpacks them. */
+static inline void unpack_k_scales(const uint8_t *scales, uint32_t utmp[4]) {
+    const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+    __builtin_memcpy(utmp, scales, 12);
+    utmp[3] = ((utmp[2] >> 4) & kmask2) | (((utmp[1] >> 6) & kmask3) << 4);
+    const uint32_t uaux = utmp[1] & kmask1;
+    utmp[1] = (utmp[2] & kmask2) | (((utmp[0] >> 6) & kmask3) << 4);
+    utmp[2] = uaux;
+    utmp[0] &= kmask1;
+}
+
+#endif

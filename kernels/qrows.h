@@ -1,0 +1,61 @@
+/* What the row kernel files (qrows_0.c, qrows_k.c) share: the AVX2 helpers, and the table of a
+ * format's kernels for 1, 2, 4 and 8 activation rows made from one always-inlined function. */
+#ifndef KVTOOL_QROWS_H
+#define KVTOOL_QROWS_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "qformats.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define KV_AVX2 1
+
+/* 16 bytes -> 32 values: the low nibbles, then the high nibbles (ggml's bytes_from_nibbles_32). */
+static inline __m256i nibbles32(const uint8_t *p) {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0xF));
+}
+
+/* 32 bits -> 32 bytes: byte j is 0xFF where bit j is set (ggml's bytes_from_bits_32). */
+static inline __m256i bits32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    const __m256i which = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)v), which);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+}
+
+/* Unsigned bytes times signed bytes, each 4 neighbours summed into an int32 lane: VNNI where the
+ * machine has it, as ggml's mul_sum_us8_pairs_float chooses (the same sums: no pair here reaches
+ * the int16 saturation of maddubs). */
+static inline __m256i dot_u8_i8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+#endif
+
+/* kvq_rows_NAME: NAME(w, nb, act, out, R) for R = 1, 2, 4 and 8. */
+#define ROW_VARIANTS(NAME)                                                                                   \
+    static void NAME##_1(const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out) {              \
+        NAME(w, nb, act, out, 1);                                                                            \
+    }                                                                                                        \
+    static void NAME##_2(const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out) {              \
+        NAME(w, nb, act, out, 2);                                                                            \
+    }                                                                                                        \
+    static void NAME##_4(const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out) {              \
+        NAME(w, nb, act, out, 4);                                                                            \
+    }                                                                                                        \
+    static void NAME##_8(const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out) {              \
+        NAME(w, nb, act, out, 8);                                                                            \
+    }                                                                                                        \
+    const rows_fn kvq_##NAME[ROW_KERNELS] = {NAME##_1, NAME##_2, NAME##_4, NAME##_8};
+
+#endif
