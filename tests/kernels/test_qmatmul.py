@@ -64,12 +64,12 @@ def test_a_row_gives_the_same_bits_alone_or_among_others(lib: ctypes.CDLL, qtype
     assert torch.equal(w(x[3:15], lib), together[3:15])  # a group, then 4 rows, at other offsets
 
 
-@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q5_0, Q4_K, Q8_0])
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K])
 @pytest.mark.parametrize("n", [33, 70])
 def test_many_rows_match_the_specification(lib: ctypes.CDLL, qtype: int, n: int) -> None:
-    """From 33 rows (prompts) the 4- and 5-bit formats take the panel kernel on AVX2: weights
-    unpacked 8 rows at a time, stacked weights whose row counts are not multiples of 8 straddling
-    panels. Q8_0 keeps the row kernels."""
+    """From 33 rows (prompts) the panel kernel takes over where the build has it: weights
+    unpacked 8 or 16 rows at a time, stacked weights whose row counts are not multiples of that
+    straddling panels."""
     k = 512
     shapes = [(36, k), (20, k), (75, k)]
     raws = [weight(qtype, s[0], k, 10 + i) for i, s in enumerate(shapes)]
@@ -80,7 +80,7 @@ def test_many_rows_match_the_specification(lib: ctypes.CDLL, qtype: int, n: int)
     torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
 
 
-@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q5_0, Q4_K])
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K])
 def test_many_rows_give_a_row_the_same_bits_wherever_it_sits(lib: ctypes.CDLL, qtype: int) -> None:
     """The panel kernel sums each row alone in block order: its tiles of 4 rows and the rows
     left over compute alike, so a prompt row does not depend on the rows around it."""
@@ -92,12 +92,16 @@ def test_many_rows_give_a_row_the_same_bits_wherever_it_sits(lib: ctypes.CDLL, q
     assert torch.equal(w(x[33:], lib), together[33:])
 
 
-def test_the_panel_kernel_is_in_the_avx2_build_only(lib: ctypes.CDLL) -> None:
-    assert not lib.kvq_panels(Q8_0) and not lib.kvq_panels(Q6_K)
+def test_the_panel_kernel_is_in_the_simd_builds_only(lib: ctypes.CDLL) -> None:
+    formats = (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)
     if lib is not qmatmul._lib():
-        assert not lib.kvq_panels(Q4_1)  # the portable build: many rows go to a dense GEMM
-    elif set(cpu_lib._cpu_flags().split()) >= {"avx2", "fma", "f16c"}:  # built with -march=native
-        assert all(lib.kvq_panels(t) for t in (Q4_0, Q4_1, Q5_0, Q4_K))
+        assert not any(lib.kvq_panels(t) for t in formats)  # the portable build: a dense GEMM
+        return
+    flags = set(cpu_lib._cpu_flags().split())
+    if flags >= {"avx512f", "avx512bw", "avx512_vnni"}:  # built with -march=native
+        assert all(lib.kvq_panels(t) for t in formats)
+    elif flags >= {"avx2", "fma", "f16c"}:  # 8-bit weights would overflow vpmaddubsw's int16 sums
+        assert all(lib.kvq_panels(t) for t in formats if t != Q8_0) and not lib.kvq_panels(Q8_0)
 
 
 def test_strided_rows_and_the_portable_build_agree(lib: ctypes.CDLL) -> None:
