@@ -4,7 +4,9 @@
 
 The build folder must hold llama-bench, llama-batched-bench and llama-parallel (in bin/ or at
 its top). Each measurement runs both tools back to back, alternating which goes first, `-r`
-rounds, so a change in machine load hits both alike; the table gives each tool's median.
+rounds, so a change in machine load hits both alike; the table gives each tool's median and the
+range of its rounds. `-m` takes a known model's name or a GGUF file (benchmarks/model_shapes.py
+writes files of real models' shapes).
 Measures: tg128 and pp512 (`bench`), S_TG of `batched-bench` at PP 128 / TG 128 for each B of
 `--npl` (split KV, one stream per sequence, as both tools default), `parallel -np 8 -ns 32
 -n 64` total tokens/s, peak RSS of a tg128 run, and the wall time of a process that loads
@@ -49,7 +51,15 @@ class Row:
         k = statistics.median(self.kvtool) if self.kvtool else float("nan")
         c = statistics.median(self.llama) if self.llama else float("nan")
         ratio = k / c if c else float("nan")
-        return f"| {self.name} | {c:.1f} | {k:.1f} | {ratio:.2f}x | {self.note} |"
+        return f"| {self.name} | {cell(self.llama)} | {cell(self.kvtool)} | {ratio:.2f}x | {self.note} |"
+
+
+def cell(xs: list[float]) -> str:
+    """The median, and the range where there are several measurements."""
+    if not xs:
+        return "nan"
+    m = statistics.median(xs)
+    return f"{m:.1f}" if len(xs) == 1 else f"{m:.1f} ({min(xs):.1f}-{max(xs):.1f})"
 
 
 def run(cmd: list[str], timeout: float = 3600) -> str:
@@ -269,7 +279,7 @@ def main() -> None:
 
 
 def print_rows(rows: list[Row], gguf: str, a: argparse.Namespace) -> None:
-    print(f"\nmodel {gguf}, {a.threads} threads, {a.rounds} alternating rounds (medians)\n")
+    print(f"\nmodel {gguf}, {a.threads} threads, {a.rounds} alternating rounds (median (range))\n")
     print("| measure | llama.cpp | kvtool | kvtool / llama.cpp | note |")
     print("|---|---|---|---|---|")
     for r in rows:
