@@ -5,9 +5,11 @@ oracle tests use). `weights="auto"` keeps quantized weights quantized and switch
 of rows: up to QUANT_MAX_ROWS a quantized matmul reads 4-8 bits per weight (the compiled block
 matmul over the file's bytes, kernels/qmatmul.c, where it is built and has the format; else
 torch's int4pack kernel where the format maps onto it exactly). Above, the formats with
-qmatmul.c's panel kernel (Q4_0, Q4_1, Q5_0, Q4_K on AVX2) stay in the compiled kernel; the others take
-a dense float32 GEMM on a copy dequantized on first such use (prompts, large batches). Other
-formats are dequantized to float32 at load. Activations, residual stream, norms and softmax stay float32.
+qmatmul's panel kernel (every format with AVX-512 VNNI, all but Q8_0 with AVX2) stay in the
+compiled kernel; the others take a dense float32 GEMM on a copy dequantized on first such use
+(prompts, large batches). Other formats are dequantized to float32 at load. The compiled kernel
+quantizes activations per weight type as llama.cpp does; the residual stream, norms and softmax
+stay float32.
 
 `weights="f16"` / `"bf16"` keep matrices and the token embedding dense in that type (the GPU
 default is bf16: "auto" means bf16 on CUDA, whose matmuls have no int4pack path); a matmul
@@ -37,9 +39,9 @@ _DENSE_DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 # the caches, native/dense time 0.82 at 16 rows, 0.97 at 32, 1.40 at 64 (gate/up), and 0.45 at 32
 # for the 113 MB float32 output matrix; in the model, where no layer's dense weight stays cached,
 # batched decode of 32 sequences went from 250 to 143 ms a step with the kernel (docs/benchmarks.md).
-# Up to here the row and group kernels sum every row in one order, so a row's bits do not depend
-# on the rows it shares a call with; above, the panel kernel (qmatmul.c's PANEL_MIN_ROWS) takes
-# the formats it has, at 170-185 GFLOP/s against the dense GEMM's 135-175 at 512 rows.
+# Up to here the row kernels sum every row in one order (llama.cpp's), so a row's bits do not
+# depend on the rows it shares a call with; above, the panel kernel (qmatmul_job.h's
+# PANEL_MIN_ROWS) takes the formats it has.
 QUANT_MAX_ROWS = 32
 
 
