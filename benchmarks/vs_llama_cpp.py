@@ -135,12 +135,20 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=4096, help="tokens in the cache before generating")
     ap.add_argument("--depth-types", default="f16,q8_0", help="K/V types generated at --depth ('' for none)")
     ap.add_argument("--depth-only", action="store_true", help="only the generation at --depth")
+    ap.add_argument(
+        "--llama-repack",
+        choices=("0", "1"),
+        default="1",
+        help="llama.cpp's weight repacking (its default 1); which of its paths is faster depends on the CPU",
+    )
     a = ap.parse_args()
 
     gguf = run([*KVTOOL, "models", "path", a.model]).strip() if not a.model.endswith(".gguf") else a.model
-    lb, lbb, lp = (find_tool(a.build, n) for n in ("llama-bench", "llama-batched-bench", "llama-parallel"))
+    lb, lbb = (find_tool(a.build, n) for n in ("llama-bench", "llama-batched-bench"))
+    lp = "" if a.skip_parallel else find_tool(a.build, "llama-parallel")
     t = str(a.threads)
     kv = ["-ctk", a.cache_type, "-ctv", a.cache_type]  # both tools store the same K/V bytes
+    no_repack = ["-nr"] if a.llama_repack == "0" else []
     rows: list[Row] = []
 
     depth_types = [x for x in a.depth_types.split(",") if x]
@@ -175,7 +183,26 @@ def main() -> None:
         tg.kvtool.append(bench_ts(out, 0, 128))
 
     def ll_bench() -> None:
-        out = run([lb, "-m", gguf, "-p", "512", "-n", "128", "-t", t, "-r", "3", *kv, "-o", "json"])
+        out = run(
+            [
+                lb,
+                "-m",
+                gguf,
+                "-p",
+                "512",
+                "-n",
+                "128",
+                "-t",
+                t,
+                "-r",
+                "3",
+                *kv,
+                "--repack",
+                a.llama_repack,
+                "-o",
+                "json",
+            ]
+        )
         pp.llama.append(bench_ts(out, 512, 0))
         tg.llama.append(bench_ts(out, 0, 128))
 
@@ -195,7 +222,9 @@ def main() -> None:
             bb[b].kvtool.append(s)
 
     def ll_bb() -> None:
-        for b, s in batched_tg(run([lbb, "-m", gguf, *common, "--output-format", "jsonl"])).items():
+        for b, s in batched_tg(
+            run([lbb, "-m", gguf, *common, *no_repack, "--output-format", "jsonl"])
+        ).items():
             bb[b].llama.append(s)
 
     alternate(a.rounds, kv_bb, ll_bb)
@@ -208,7 +237,7 @@ def main() -> None:
 
         def ll_par() -> None:
             p = subprocess.run(
-                [lp, "-m", gguf, "-np", "8", "-ns", "32", "-n", "64", "-t", t, "-c", "8192", *kv],
+                [lp, "-m", gguf, "-np", "8", "-ns", "32", "-n", "64", "-t", t, "-c", "8192", *kv, *no_repack],
                 capture_output=True,
                 text=True,
             )
@@ -257,7 +286,9 @@ def main() -> None:
 
     rss = Row("peak RSS MB, bench -p 0 -n 128")
     rss.kvtool.append(peak_rss_mb([*KVTOOL, "bench", "-m", gguf, "-p", "0", "-n", "128", "-t", t, "-r", "1"]))
-    rss.llama.append(peak_rss_mb([lb, "-m", gguf, "-p", "0", "-n", "128", "-t", t, "-r", "1"]))
+    rss.llama.append(
+        peak_rss_mb([lb, "-m", gguf, "-p", "0", "-n", "128", "-t", t, "-r", "1", "--repack", a.llama_repack])
+    )
     rows.append(rss)
 
     first = Row("process start to exit after 1 generated token, s (lower is better)")
@@ -279,7 +310,8 @@ def main() -> None:
 
 
 def print_rows(rows: list[Row], gguf: str, a: argparse.Namespace) -> None:
-    print(f"\nmodel {gguf}, {a.threads} threads, {a.rounds} alternating rounds (median (range))\n")
+    print(f"\nmodel {gguf}, {a.threads} threads, llama.cpp repack {a.llama_repack}")
+    print(f"{a.rounds} alternating rounds: median (range)\n")
     print("| measure | llama.cpp | kvtool | kvtool / llama.cpp | note |")
     print("|---|---|---|---|---|")
     for r in rows:

@@ -10,10 +10,13 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define PANEL_VNNI 1
-#define PANEL_W 16 /* weight rows a panel: one zmm of int32 lanes */
+#define PANEL_VW 16 /* weight rows a vector of int32 lanes holds: a zmm */
+#define PANEL_NV 2  /* vectors a panel: independent sums enough to hide vpdpbusd's latency */
 #else
-#define PANEL_W 8 /* one ymm */
+#define PANEL_VW 8 /* a ymm */
+#define PANEL_NV 1
 #endif
+#define PANEL_W (PANEL_VW * PANEL_NV) /* weight rows a panel */
 
 /* A panel's weights, for blocks u of 32 elements and super-blocks sb of the K-quants:
  * pq [nu][8 steps][PANEL_W][4] unsigned values (Q8_0's shifted by 128);
@@ -39,10 +42,9 @@ typedef struct {
 /* y[i][o .. o + nw) for every activation row i, of the panel P of weight rows [o, o + nw). */
 void kvq_panel_rows(const job_t *J, const panel_t *P, const acts_t *A, int64_t o, int nw);
 
-/* The qs of block u (32 elements) of activation row i. */
-static inline const int8_t *act_block(const job_t *J, int64_t i, int64_t u) {
-    const uint8_t *row = J->act + i * J->act_row;
-    switch (J->f->vdt) {
+/* The qs of block u (32 elements) of an activation row in the vec_dot type vdt. */
+static inline const int8_t *act_block(const uint8_t *row, int vdt, int64_t u) {
+    switch (vdt) {
     case VDT_Q8_K: return ((const block_q8_K *)row)[u / 8].qs + (u % 8) * QK8;
     case VDT_Q8_1: return ((const block_q8_1 *)row)[u].qs;
     default: return ((const block_q8_0 *)row)[u].qs;
