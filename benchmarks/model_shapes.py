@@ -11,7 +11,8 @@ model. With `--llama-quantize` a float16 file is written first (streamed, one te
 at a time) and llama.cpp's llama-quantize makes TYPE from it with its own rules (Q4_K_M puts
 some tensors in Q6_K, as for a downloaded Q4_K_M); without it the blocks are written directly,
 every matrix in TYPE (one of Q4_0 Q4_1 Q5_0 Q8_0, through gguf.quants, or Q4_K Q5_K Q6_K as
-random blocks with small scales). The output is tied to the token embedding where the real
+random blocks with small scales; where a row is not a multiple of 256, llama-quantize's fallback
+type, as Gemma-3-1B's 1152 needs). The output is tied to the token embedding where the real
 model ties it.
 """
 
@@ -119,10 +120,9 @@ def add_hparams(w: gguf.GGUFWriter, s: Shape, name: str) -> None:
         w.add_sliding_window(s.n_swa)
 
 
-K_QUANTS = (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K, gguf.GGMLQuantizationType.Q6_K)
-
-
 QType = gguf.GGMLQuantizationType
+K_QUANTS = (QType.Q4_K, QType.Q5_K, QType.Q6_K)
+FALLBACK = {QType.Q4_K: QType.Q5_0, QType.Q5_K: QType.Q5_1, QType.Q6_K: QType.Q8_0}  # llama-quant.cpp's
 
 
 def random_blocks(rng: np.random.Generator, qtype: QType, shape: tuple[int, ...]) -> np.ndarray:
@@ -144,24 +144,33 @@ def write(s: Shape, name: str, vocab: Path, out: Path, direct: str | None, seed:
     w = gguf.GGUFWriter(str(out), s.arch)
     add_hparams(w, s, name)
     n_vocab = copy_vocab(w, vocab)
-    qtype = gguf.GGMLQuantizationType[direct] if direct else gguf.GGMLQuantizationType.F16
+    qtype = QType.__members__[direct] if direct else QType.F16
     plan = [(n, tuple(n_vocab if d == -1 else d for d in shape)) for n, shape in tensors(s)]
 
-    def make(shape: tuple[int, ...]) -> np.ndarray:
+    def type_of(shape: tuple[int, ...]) -> QType:
         if len(shape) == 1:
+            return QType.F32
+        if shape[1] % gguf.GGML_QUANT_SIZES[qtype][0]:  # llama-quantize's fallback where rows do not fit
+            return FALLBACK[qtype]
+        return qtype
+
+    def make(shape: tuple[int, ...]) -> np.ndarray:
+        t = type_of(shape)
+        if t == QType.F32:
             return (1.0 + 0.05 * rng.standard_normal(shape)).astype(np.float32)
-        if qtype in K_QUANTS:
-            return random_blocks(rng, qtype, shape)
+        if t in K_QUANTS:
+            return random_blocks(rng, t, shape)
         x = (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[1])).astype(np.float32)
-        return x.astype(np.float16) if qtype == gguf.GGMLQuantizationType.F16 else quantize(x, qtype)
+        return x.astype(np.float16) if t == QType.F16 else quantize(x, t)
 
     for tname, shape in plan:  # tensor infos first: the data is then written one tensor at a time
-        is_matrix = len(shape) == 2
-        t_type = qtype if is_matrix else gguf.GGMLQuantizationType.F32
-        nbytes = gguf.quant_shape_to_byte_shape(shape, t_type)[-1] * shape[0] if is_matrix else 4 * shape[0]
-        dtype = np.float16 if t_type == gguf.GGMLQuantizationType.F16 else np.float32
-        raw = None if t_type in (gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F32) else t_type
-        w.add_tensor_info(tname, shape, np.dtype(dtype if raw is None else np.uint8), nbytes, raw_dtype=raw)
+        t = type_of(shape)
+        if t in (QType.F16, QType.F32):
+            dtype = np.dtype(np.float16 if t == QType.F16 else np.float32)
+            w.add_tensor_info(tname, shape, dtype, dtype.itemsize * int(np.prod(shape)))
+        else:  # the shape in bytes, as gguf takes a raw tensor's
+            row = gguf.quant_shape_to_byte_shape(shape, t)[-1]
+            w.add_tensor_info(tname, (shape[0], row), np.dtype(np.uint8), shape[0] * row, raw_dtype=t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
