@@ -13,20 +13,35 @@
 #endif
 
 #ifdef KV_AVX2
-/* 32 floats -> 32 int8 of round(x * id) (ties to even) in element order, and their sum. */
-static inline int quantize32(const float *x, float id, int8_t *q) {
+static inline int hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* 32 floats -> 32 int8 of round(x * id) (ties to even) in element order, and the sums of the two
+ * halves of 16. */
+static inline void quantize32(const float *x, float id, int8_t *q, int s16[2]) {
     const __m256 mul = _mm256_set1_ps(id);
     __m256i i[4];
     for (int r = 0; r < 4; r++)
         i[r] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * r), mul),
                                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    const __m256i total = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
     const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
     _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(s);
+    s16[0] = hsum_i32(_mm256_add_epi32(i[0], i[1]));
+    s16[1] = hsum_i32(_mm256_add_epi32(i[2], i[3]));
+}
+
+/* The index of the first of n floats whose |x| is amax (n a multiple of 8), or -1. */
+static inline int64_t first_of(const float *x, int64_t n, float amax) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), m = _mm256_set1_ps(amax);
+    for (int64_t j = 0; j < n; j += 8) {
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), m, _CMP_EQ_OQ));
+        if (hit) return j + __builtin_ctz((unsigned)hit);
+    }
+    return -1;
 }
 
 /* max |x| over n floats (n a multiple of 8); a NaN is passed over, as fmaxf does. */
@@ -40,13 +55,18 @@ static inline float amax_of(const float *x, int64_t n) {
     return _mm_cvtss_f32(m4);
 }
 #else
-static inline int quantize32(const float *x, float id, int8_t *q) {
-    int sum = 0;
+static inline void quantize32(const float *x, float id, int8_t *q, int s16[2]) {
+    s16[0] = s16[1] = 0;
     for (int j = 0; j < QK8; j++) {
         q[j] = (int8_t)nearbyintf(x[j] * id);
-        sum += q[j];
+        s16[j / 16] += q[j];
     }
-    return sum;
+}
+
+static inline int64_t first_of(const float *x, int64_t n, float amax) {
+    for (int64_t j = 0; j < n; j++)
+        if (fabsf(x[j]) == amax) return j;
+    return -1;
 }
 
 static inline float amax_of(const float *x, int64_t n) {
@@ -59,16 +79,19 @@ static inline float amax_of(const float *x, int64_t n) {
 void kvq_quantize_row_q8_0(const float *x, block_q8_0 *y, int64_t k) {
     for (int64_t b = 0; b < k / QK8; b++, x += QK8) {
         const float amax = amax_of(x, QK8);
+        int s16[2];
         y[b].d = float_to_half(amax / 127.0f);
-        quantize32(x, amax != 0.0f ? 127.0f / amax : 0.0f, y[b].qs);
+        quantize32(x, amax != 0.0f ? 127.0f / amax : 0.0f, y[b].qs, s16);
     }
 }
 
 void kvq_quantize_row_q8_1(const float *x, block_q8_1 *y, int64_t k) {
     for (int64_t b = 0; b < k / QK8; b++, x += QK8) {
         const float amax = amax_of(x, QK8), d = amax / 127.0f;
+        int s16[2];
         y[b].d = float_to_half(d);
-        y[b].s = float_to_half(d * (float)quantize32(x, amax != 0.0f ? 127.0f / amax : 0.0f, y[b].qs));
+        quantize32(x, amax != 0.0f ? 127.0f / amax : 0.0f, y[b].qs, s16);
+        y[b].s = float_to_half(d * (float)(s16[0] + s16[1]));
     }
 }
 
@@ -79,21 +102,12 @@ void kvq_quantize_row_q8_K(const float *x, block_q8_K *y, int64_t k) {
             memset(&y[b], 0, sizeof(y[b]));
             continue;
         }
-        float max = 0.0f; /* the first element of the largest |x|, with its sign */
-        for (int j = 0; j < QK_K; j++)
-            if (fabsf(x[j]) == amax) {
-                max = x[j];
-                break;
-            }
+        const float max = x[first_of(x, QK_K, amax)]; /* the first largest |x|, with its sign */
         const float iscale = -127.0f / max;
-        for (int g = 0; g < QK_K / QK8; g++) {
-            int8_t *q = y[b].qs + g * QK8;
-            quantize32(x + g * QK8, iscale, q); /* |iscale * x| <= 127: ggml's MIN(127, v) never bites */
-            for (int h = 0; h < 2; h++) {
-                int s = 0;
-                for (int j = 0; j < 16; j++) s += q[16 * h + j];
-                y[b].bsums[2 * g + h] = (int16_t)s;
-            }
+        for (int g = 0; g < QK_K / QK8; g++) { /* |iscale * x| <= 127: ggml's MIN(127, v) never bites */
+            int s16[2];
+            quantize32(x + g * QK8, iscale, y[b].qs + g * QK8, s16);
+            y[b].bsums[2 * g] = (int16_t)s16[0], y[b].bsums[2 * g + 1] = (int16_t)s16[1];
         }
         y[b].d = 1.0f / iscale;
     }
