@@ -103,21 +103,26 @@ def copy_vocab(w: gguf.GGUFWriter, src: Path) -> int:
 
 
 def add_hparams(w: gguf.GGUFWriter, s: Shape, name: str) -> None:
+    """The shape's keys, as llama.cpp's converter writes them."""
     w.add_name(name)
-    w.add_block_count(s.n_layer)
-    w.add_context_length(8192)
-    w.add_embedding_length(s.n_embd)
-    w.add_feed_forward_length(s.n_ff)
-    w.add_head_count(s.n_head)
-    w.add_head_count_kv(s.n_head_kv)
-    w.add_rope_freq_base(s.rope_base)
-    w.add_layer_norm_rms_eps(s.eps)
-    w.add_key_length(s.head_dim)
-    w.add_value_length(s.head_dim)
+    counts = {
+        "block_count": s.n_layer,
+        "context_length": 8192,
+        "embedding_length": s.n_embd,
+        "feed_forward_length": s.n_ff,
+        "attention.head_count": s.n_head,
+        "attention.head_count_kv": s.n_head_kv,
+        "attention.key_length": s.head_dim,
+        "attention.value_length": s.head_dim,
+    }
     if s.arch == "llama":
-        w.add_rope_dimension_count(s.head_dim)
+        counts["rope.dimension_count"] = s.head_dim
     else:
-        w.add_sliding_window(s.n_swa)
+        counts["attention.sliding_window"] = s.n_swa
+    for key, value in counts.items():
+        w.add_uint32(f"{s.arch}.{key}", value)
+    w.add_float32(f"{s.arch}.rope.freq_base", s.rope_base)
+    w.add_float32(f"{s.arch}.attention.layer_norm_rms_epsilon", s.eps)
 
 
 QType = gguf.GGMLQuantizationType

@@ -42,20 +42,16 @@ static inline __m256i dot_u8_i8(__m256i u, __m256i s) {
 }
 #endif
 
-/* kvq_rows_NAME: NAME(w, nb, act, out, R) for R = 1, 2, 4 and 8. */
-#define ROW_VARIANTS(NAME)                                                                                   \
-    static void NAME##_1(const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out) {              \
-        NAME(w, nb, act, out, 1);                                                                            \
-    }                                                                                                        \
-    static void NAME##_2(const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out) {              \
-        NAME(w, nb, act, out, 2);                                                                            \
-    }                                                                                                        \
-    static void NAME##_4(const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out) {              \
-        NAME(w, nb, act, out, 4);                                                                            \
-    }                                                                                                        \
-    static void NAME##_8(const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out) {              \
-        NAME(w, nb, act, out, 8);                                                                            \
-    }                                                                                                        \
+/* kvq_rows_NAME: FN(TYPE, w, nb, act, out, R) for R = 1, 2, 4 and 8. */
+#define ROW_VARIANT(NAME, FN, TYPE, R)                                                                   \
+    static void NAME##_##R(const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out) {        \
+        FN(TYPE, w, nb, act, out, R);                                                                    \
+    }
+#define ROW_VARIANTS(NAME, FN, TYPE)                                                                     \
+    ROW_VARIANT(NAME, FN, TYPE, 1)                                                                       \
+    ROW_VARIANT(NAME, FN, TYPE, 2)                                                                       \
+    ROW_VARIANT(NAME, FN, TYPE, 4)                                                                       \
+    ROW_VARIANT(NAME, FN, TYPE, 8)                                                                       \
     const rows_fn kvq_##NAME[ROW_KERNELS] = {NAME##_1, NAME##_2, NAME##_4, NAME##_8};
 
 #endif

@@ -43,8 +43,9 @@ static inline __attribute__((always_inline)) void rows_signed(int type, const ui
     for (int r = 0; r < R; r++) out[r] = hsum(acc[r]);
 }
 
-static inline __attribute__((always_inline)) void rows_q4_1(const uint8_t *w, int64_t nb, const uint8_t *const *act,
-                                                            float *out, const int R) {
+static inline __attribute__((always_inline)) void rows_q4_1(int type, const uint8_t *w, int64_t nb,
+                                                            const uint8_t *const *act, float *out, const int R) {
+    (void)type;
     __m256 acc[8];
     float summs[8];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), summs[r] = 0.0f;
@@ -97,7 +98,9 @@ static inline void rows_signed(int type, const uint8_t *w, int64_t nb, const uin
     }
 }
 
-static inline void rows_q4_1(const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out, const int R) {
+static inline void rows_q4_1(int type, const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out,
+                             const int R) {
+    (void)type;
     for (int r = 0; r < R; r++) {
         float sumf = 0.0f;
         for (int64_t ib = 0; ib < nb; ib++) {
@@ -112,20 +115,7 @@ static inline void rows_q4_1(const uint8_t *w, int64_t nb, const uint8_t *const 
 }
 #endif
 
-static inline __attribute__((always_inline)) void rows_q4_0(const uint8_t *w, int64_t nb, const uint8_t *const *act,
-                                                            float *out, const int R) {
-    rows_signed(T_Q4_0, w, nb, act, out, R);
-}
-static inline __attribute__((always_inline)) void rows_q5_0(const uint8_t *w, int64_t nb, const uint8_t *const *act,
-                                                            float *out, const int R) {
-    rows_signed(T_Q5_0, w, nb, act, out, R);
-}
-static inline __attribute__((always_inline)) void rows_q8_0(const uint8_t *w, int64_t nb, const uint8_t *const *act,
-                                                            float *out, const int R) {
-    rows_signed(T_Q8_0, w, nb, act, out, R);
-}
-
-ROW_VARIANTS(rows_q4_0)
-ROW_VARIANTS(rows_q4_1)
-ROW_VARIANTS(rows_q5_0)
-ROW_VARIANTS(rows_q8_0)
+ROW_VARIANTS(rows_q4_0, rows_signed, T_Q4_0)
+ROW_VARIANTS(rows_q4_1, rows_q4_1, T_Q4_1)
+ROW_VARIANTS(rows_q5_0, rows_signed, T_Q5_0)
+ROW_VARIANTS(rows_q8_0, rows_signed, T_Q8_0)

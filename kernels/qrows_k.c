@@ -118,8 +118,9 @@ static inline __attribute__((always_inline)) void rows_q45_K(int type, const uin
     }
 }
 
-static inline __attribute__((always_inline)) void rows_q6_K(const uint8_t *w, int64_t nb, const uint8_t *const *act,
-                                                            float *out, const int R) {
+static inline __attribute__((always_inline)) void rows_q6_K(int type, const uint8_t *w, int64_t nb,
+                                                            const uint8_t *const *act, float *out, const int R) {
+    (void)type;
     const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
     __m256 acc[8];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
@@ -207,7 +208,9 @@ static inline void rows_q45_K(int type, const uint8_t *w, int64_t nb, const uint
     }
 }
 
-static inline void rows_q6_K(const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out, const int R) {
+static inline void rows_q6_K(int type, const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out,
+                             const int R) {
+    (void)type;
     for (int r = 0; r < R; r++) {
         float sumf = 0.0f;
         for (int64_t i = 0; i < nb; i++) {
@@ -227,15 +230,6 @@ static inline void rows_q6_K(const uint8_t *w, int64_t nb, const uint8_t *const 
 }
 #endif
 
-static inline __attribute__((always_inline)) void rows_q4_K(const uint8_t *w, int64_t nb, const uint8_t *const *act,
-                                                            float *out, const int R) {
-    rows_q45_K(T_Q4_K, w, nb, act, out, R);
-}
-static inline __attribute__((always_inline)) void rows_q5_K(const uint8_t *w, int64_t nb, const uint8_t *const *act,
-                                                            float *out, const int R) {
-    rows_q45_K(T_Q5_K, w, nb, act, out, R);
-}
-
-ROW_VARIANTS(rows_q4_K)
-ROW_VARIANTS(rows_q5_K)
-ROW_VARIANTS(rows_q6_K)
+ROW_VARIANTS(rows_q4_K, rows_q45_K, T_Q4_K)
+ROW_VARIANTS(rows_q5_K, rows_q45_K, T_Q5_K)
+ROW_VARIANTS(rows_q6_K, rows_q6_K, T_Q6_K)
