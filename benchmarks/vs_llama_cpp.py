@@ -285,9 +285,13 @@ def main() -> None:
         rows.append(par)
 
     rss = Row("peak RSS MB, bench -p 0 -n 128")
-    rss.kvtool.append(peak_rss_mb([*KVTOOL, "bench", "-m", gguf, "-p", "0", "-n", "128", "-t", t, "-r", "1"]))
+    rss.kvtool.append(
+        peak_rss_mb([*KVTOOL, "bench", "-m", gguf, "-p", "0", "-n", "128", "-t", t, "-r", "1", *kv])
+    )
     rss.llama.append(
-        peak_rss_mb([lb, "-m", gguf, "-p", "0", "-n", "128", "-t", t, "-r", "1", "--repack", a.llama_repack])
+        peak_rss_mb(
+            [lb, "-m", gguf, "-p", "0", "-n", "128", "-t", t, "-r", "1", *kv, "--repack", a.llama_repack]
+        )
     )
     rows.append(rss)
 
