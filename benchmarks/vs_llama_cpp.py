@@ -115,6 +115,13 @@ def llama_parallel(out: str) -> tuple[float, int]:
     return float(speed.group(1)), int(prompt.group(1))
 
 
+def progress(what: str, values: list[float]) -> None:
+    """One measurement as it arrives, with the load average (stderr): a long run that is cut
+    short or disturbed still shows which rounds ran on a quiet machine."""
+    load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
+    print(f"[{time.strftime('%H:%M:%S')} load {load}] {what}: {values[-1]:.1f}", file=sys.stderr, flush=True)
+
+
 def alternate(rounds: int, a: Callable[[], None], b: Callable[[], None]) -> None:
     for i in range(rounds):
         for f in (a, b) if i % 2 == 0 else (b, a):
@@ -127,6 +134,9 @@ def main() -> None:
     ap.add_argument("-m", "--model", default="smollm2", help="known model name or GGUF path")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--rounds", type=int, default=2, help="alternating rounds per measure")
+    ap.add_argument(
+        "--bench-reps", type=int, default=3, help="-r of each bench run (repetitions in one process)"
+    )
     ap.add_argument("--npl", default="16,32", help="batched-bench B values")
     ap.add_argument("--skip-parallel", action="store_true")
     ap.add_argument(
@@ -177,10 +187,28 @@ def main() -> None:
 
     def kv_bench() -> None:
         out = run(
-            [*KVTOOL, "bench", "-m", gguf, "-p", "512", "-n", "128", "-t", t, "-r", "3", *kv, "-o", "json"]
+            [
+                *KVTOOL,
+                "bench",
+                "-m",
+                gguf,
+                "-p",
+                "512",
+                "-n",
+                "128",
+                "-t",
+                t,
+                "-r",
+                str(a.bench_reps),
+                *kv,
+                "-o",
+                "json",
+            ]
         )
         pp.kvtool.append(bench_ts(out, 512, 0))
         tg.kvtool.append(bench_ts(out, 0, 128))
+        progress("kvtool pp512", pp.kvtool)
+        progress("kvtool tg128", tg.kvtool)
 
     def ll_bench() -> None:
         out = run(
@@ -195,7 +223,7 @@ def main() -> None:
                 "-t",
                 t,
                 "-r",
-                "3",
+                str(a.bench_reps),
                 *kv,
                 "--repack",
                 a.llama_repack,
@@ -205,6 +233,8 @@ def main() -> None:
         )
         pp.llama.append(bench_ts(out, 512, 0))
         tg.llama.append(bench_ts(out, 0, 128))
+        progress("llama.cpp pp512", pp.llama)
+        progress("llama.cpp tg128", tg.llama)
 
     alternate(a.rounds, kv_bench, ll_bench)
     rows += [tg, pp]
@@ -220,12 +250,14 @@ def main() -> None:
             run([*KVTOOL, "batched-bench", "-m", gguf, *common, "--output-format", "jsonl"])
         ).items():
             bb[b].kvtool.append(s)
+            progress(f"kvtool batched S_TG B={b}", bb[b].kvtool)
 
     def ll_bb() -> None:
         for b, s in batched_tg(
             run([lbb, "-m", gguf, *common, *no_repack, "--output-format", "jsonl"])
         ).items():
             bb[b].llama.append(s)
+            progress(f"llama.cpp batched S_TG B={b}", bb[b].llama)
 
     alternate(a.rounds, kv_bb, ll_bb)
     rows += list(bb.values())
