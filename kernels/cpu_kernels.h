@@ -22,9 +22,6 @@ int kvq_matmul_ld(const kvq_weight *w, const float *x, int64_t ldx, int64_t n, f
 int kvq_ffn_glu(const kvq_weight *gate_up, const kvq_weight *down, const float *x, int64_t ldx, int64_t n,
                 float *y, const float *norm_w, float eps, const float *gelu);
 
-int kvb_supported(int type);
-int kvb_matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, int nseg, int64_t row_bytes, int64_t k,
-               const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy, const float *norm_w, float eps);
 int kvb_quantize_row(int type, const float *x, int64_t n, void *dst);
 
 int kvr_rope_store(float *q, int64_t ldq, int64_t n_head, float *k, int64_t ldk, int64_t n_head_kv, int64_t hd,

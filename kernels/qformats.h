@@ -11,7 +11,19 @@
 #include "q8_act.h"
 
 /* ggml's type ids */
-enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
+enum {
+    T_Q4_0 = 2,
+    T_Q4_1 = 3,
+    T_Q5_0 = 6,
+    T_Q8_0 = 8,
+    T_Q2_K = 10,
+    T_Q3_K = 11,
+    T_Q4_K = 12,
+    T_Q5_K = 13,
+    T_Q6_K = 14,
+    T_IQ4_NL = 20,
+    T_IQ4_XS = 23,
+};
 
 typedef struct {
     uint16_t d;
@@ -44,6 +56,27 @@ typedef struct {
     int8_t scales[QK_K / 16];
     uint16_t d;
 } block_q6_K;
+typedef struct {
+    uint8_t scales[QK_K / 16]; /* per 16: a 4-bit scale (low) and a 4-bit min (high) */
+    uint8_t qs[QK_K / 4];
+    uint16_t d, dmin;
+} block_q2_K;
+typedef struct {
+    uint8_t hmask[QK_K / 8]; /* the high bit, set: q is 0..3, clear: q - 4 */
+    uint8_t qs[QK_K / 4];
+    uint8_t scales[12]; /* 16 six-bit scales */
+    uint16_t d;
+} block_q3_K;
+typedef struct {
+    uint16_t d;
+    uint16_t scales_h;
+    uint8_t scales_l[QK_K / 64];
+    uint8_t qs[QK_K / 2];
+} block_iq4_xs;
+typedef struct {
+    uint16_t d;
+    uint8_t qs[QK8 / 2];
+} block_iq4_nl;
 
 /* out[r] = (weight row w) . (activation row act[r]) for r < the kernel's row count; nb blocks. */
 typedef void (*rows_fn)(const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out);
@@ -60,10 +93,12 @@ typedef struct {
 /* The format of a type id, or NULL. */
 const qformat *kvq_format(int type);
 
-/* Row kernels of each format: qrows_0.c, qrows_k.c. */
+/* Row kernels of each format: qrows_0.c, qrows_k.c, qrows_lowbit.c. */
 extern const rows_fn kvq_rows_q4_0[ROW_KERNELS], kvq_rows_q4_1[ROW_KERNELS], kvq_rows_q5_0[ROW_KERNELS],
     kvq_rows_q8_0[ROW_KERNELS];
 extern const rows_fn kvq_rows_q4_K[ROW_KERNELS], kvq_rows_q5_K[ROW_KERNELS], kvq_rows_q6_K[ROW_KERNELS];
+extern const rows_fn kvq_rows_q2_K[ROW_KERNELS], kvq_rows_q3_K[ROW_KERNELS], kvq_rows_iq4_xs[ROW_KERNELS],
+    kvq_rows_iq4_nl[ROW_KERNELS];
 
 /* Q4_K / Q5_K: the 8 six-bit scales (utmp[0..1]) and mins (utmp[2..3]) of 12 packed bytes, as
  * ggml unpacks them. */

@@ -4,11 +4,12 @@
  * blocks' scales. W stays in its file layout (the memory map), so a decoded token reads 4-8
  * bits per weight instead of 32.
  *
- * Formats (qformats.h): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K. A row's result is ggml's
- * vec_dot for the format, bit for bit on AVX2, whichever of the row kernels (1, 2, 4 or 8
- * activation rows at once: qrows_0.c, qrows_k.c) computes it; many rows of Q4_0, Q4_1, Q5_0 and
- * Q4_K (prompts) take the panel kernel on AVX2 (qpanel.c), whose sums are the same integers
- * added in another order. Portable C elsewhere.
+ * Formats (qformats.h): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, and the low-bit Q2_K, Q3_K,
+ * IQ4_XS, IQ4_NL. A row's result is ggml's vec_dot for the format, bit for bit on AVX2 (the
+ * low-bit ones: the same integers, scaled per super-block as ggml does), whichever of the row
+ * kernels (1, 2, 4 or 8 activation rows at once: qrows_0.c, qrows_k.c, qrows_lowbit.c) computes
+ * it; many rows (prompts) take the panel kernel where the build has it for the format
+ * (qpanel.c), whose sums are the same integers added in another order. Portable C elsewhere.
  *
  * Threads: the pool of cpu_pool.c. kernels/cpu_lib.py compiles the kernels for the machine they
  * run on; kernels/qmatmul.py calls this file, and its qmatmul_ref is the specification. */
@@ -35,6 +36,10 @@ static const qformat FORMATS[] = {
     {T_Q4_K, QK_K, sizeof(block_q4_K), VDT_Q8_K, kvq_rows_q4_K},
     {T_Q5_K, QK_K, sizeof(block_q5_K), VDT_Q8_K, kvq_rows_q5_K},
     {T_Q6_K, QK_K, sizeof(block_q6_K), VDT_Q8_K, kvq_rows_q6_K},
+    {T_Q2_K, QK_K, sizeof(block_q2_K), VDT_Q8_K, kvq_rows_q2_K},
+    {T_Q3_K, QK_K, sizeof(block_q3_K), VDT_Q8_K, kvq_rows_q3_K},
+    {T_IQ4_XS, QK_K, sizeof(block_iq4_xs), VDT_Q8_K, kvq_rows_iq4_xs},
+    {T_IQ4_NL, QK8, sizeof(block_iq4_nl), VDT_Q8_0, kvq_rows_iq4_nl},
 };
 
 const qformat *kvq_format(int type) {
@@ -43,7 +48,7 @@ const qformat *kvq_format(int type) {
     return NULL;
 }
 
-int kvq_supported(int type) { return kvq_format(type) != NULL || kvb_supported(type); }
+int kvq_supported(int type) { return kvq_format(type) != NULL; }
 
 #define PREFETCH_ROWS 8 /* weight rows ahead that a pass asks memory for */
 
@@ -108,8 +113,6 @@ static void quantize_rows(void *ctx, int64_t i0, int64_t i1) {
 static int matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, int nseg, int64_t row_bytes,
                   int64_t k, const float *x, int64_t ldx, int64_t n, float *y, int64_t ldy, const float *norm_w,
                   float eps) {
-    if (kvb_supported(type)) /* qmatmul_lowbit.c: activations quantized as llama.cpp does for each */
-        return kvb_matmul(type, ws, seg_rows, nseg, row_bytes, k, x, ldx, n, y, ldy, norm_w, eps);
     const qformat *f = kvq_format(type);
     if (!f || k % f->blck || n < 0 || nseg < 1 || nseg > MAX_SEGS || row_bytes != k / f->blck * f->type_size)
         return -1;

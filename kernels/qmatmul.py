@@ -4,10 +4,11 @@ y = x @ W.T the way llama.cpp's CPU backend computes it: each row of x is quanti
 activation type ggml pairs with W's format (its `vec_dot_type`): Q8_0 (int8 per block of 32,
 scale max|x| / 127 stored as a half) for Q4_0, Q5_0 and Q8_0; Q8_1 (Q8_0 and the block's d * sum
 as a half) for Q4_1, whose offset m comes in through it; Q8_K (int8 per 256, scale -max / 127 of
-the largest |x| with its sign, a float) for the K-quants. Each weight block's integer dot product
-with it is scaled by both scales. `qmatmul_ref` is that specification in torch; the C kernel
-computes the same integer sums and differs only in the order of float additions (on AVX2 its
-order is ggml's vec_dot's, so a row has the bits llama.cpp computes).
+the largest |x| with its sign, a float) for the K-quants and IQ4_XS; IQ4_NL takes Q8_0. Each
+weight block's integer dot product with it is scaled by both scales. `qmatmul_ref` is that
+specification in torch; the C kernel computes the same integer sums and differs only in the order
+of float additions (on AVX2 its order is ggml's vec_dot's, so a row has the bits llama.cpp
+computes).
 
 No compiler or a failed build means `available()` is False and callers keep another path
 (kernels/cpu_lib.py builds and loads the C kernels).
@@ -45,15 +46,14 @@ BLOCKS = {
     Q4_K: (QK_K, 144),
     Q5_K: (QK_K, 176),
     Q6_K: (QK_K, 210),
-    # qmatmul_lowbit.c: activations quantized per format as llama.cpp does (qmatmul_lowbit.py)
     Q2_K: (QK_K, 84),
     Q3_K: (QK_K, 110),
     IQ4_XS: (QK_K, 136),
     IQ4_NL: (32, 18),
 }
-K_QUANTS = (Q4_K, Q5_K, Q6_K)  # their activations are Q8_K
+K_QUANTS = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS)  # their activations are Q8_K
 MAX_SEGS = 8  # weights one call stacks (qmatmul.c's MAX_SEGS)
-LOWBIT_TYPES = (Q2_K, Q3_K, IQ4_XS, IQ4_NL)  # qmatmul_lowbit.c's
+LOWBIT_TYPES = (Q2_K, Q3_K, IQ4_XS, IQ4_NL)  # no panel kernel, no float copy (QWeight.panels)
 
 
 def supported(qtype: int, shape: tuple[int, ...]) -> bool:

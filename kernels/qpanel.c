@@ -17,11 +17,17 @@
 #include "qpanel.h"
 #include "qrows.h"
 
+/* The formats this kernel unpacks (the low-bit ones keep their row kernels, 8 rows a pass). */
+static int panel_format(int type) {
+    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q8_0 || type == T_Q4_K || type == T_Q5_K ||
+           type == T_Q6_K;
+}
+
 int kvq_panels(int type) {
 #if defined(PANEL_VNNI)
-    return kvq_format(type) != NULL;
+    return panel_format(type);
 #elif defined(KV_AVX2)
-    return type != T_Q8_0 && kvq_format(type) != NULL; /* Q8_0 x int8 overflows maddubs' int16 */
+    return type != T_Q8_0 && panel_format(type); /* Q8_0 x int8 overflows maddubs' int16 */
 #else
     (void)type;
     return 0;

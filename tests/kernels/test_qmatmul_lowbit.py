@@ -1,6 +1,7 @@
-"""kernels/qmatmul_lowbit.c (Q2_K, Q3_K, IQ4_XS, IQ4_NL), reached through qmatmul's QWeight, against
-its torch specification (kernels/qmatmul_lowbit.py); the specification's activation quantization
-against ggml's (Q8_K, and Q8_0 with an fp16 scale), written out from ggml-quants.c here."""
+"""The low-bit formats' row kernels (kernels/qrows_lowbit.c: Q2_K, Q3_K, IQ4_XS, IQ4_NL), reached
+through qmatmul's QWeight, against its torch specification (qmatmul_ref); the specification's
+activation quantization against ggml's (Q8_K, and Q8_0 with an fp16 scale), written out from
+ggml-quants.c here."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 
 from kvtool.kernels import qmatmul
 from kvtool.kernels.dequant import IQ4_NL, Q2_K, dequantize
-from kvtool.kernels.qmatmul_lowbit import TYPES, qmatmul_lowbit_ref, quantize_q8_0_ref, quantize_q8_k_ref
+from kvtool.kernels.qmatmul import LOWBIT_TYPES as TYPES
+from kvtool.kernels.qmatmul import qmatmul_ref, quantize_q8_0_ref, quantize_q8_K_ref
 from tests.helpers.lowbit import random_blocks
 
 pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: the kernel is not built")
@@ -41,7 +43,7 @@ def test_matches_the_specification(lib: ctypes.CDLL, qtype: int, n: int, threads
         y = qmatmul.QWeight(raws, qtype, shapes)(x, lib)
     finally:
         lib.kvq_set_threads(torch.get_num_threads())
-    want = torch.cat([qmatmul_lowbit_ref(x, r, qtype, s) for r, s in zip(raws, shapes, strict=True)], 1)
+    want = torch.cat([qmatmul_ref(x, r, qtype, s) for r, s in zip(raws, shapes, strict=True)], 1)
     torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
 
 
@@ -63,7 +65,7 @@ def test_rms_norm_on_the_way_in(lib: ctypes.CDLL, qtype: int) -> None:
     x, nw = torch.randn(3, k), torch.rand(k) + 0.5
     y = qmatmul.QWeight([raw], qtype, [(20, k)])(x, lib, norm=(nw, 1e-5))
     normed = qmatmul.rms_norm_ref(x, nw, 1e-5)
-    want = qmatmul_lowbit_ref(normed, raw, qtype, (20, k))
+    want = qmatmul_ref(normed, raw, qtype, (20, k))
     torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
 
 
@@ -88,12 +90,11 @@ def test_q8_k_is_ggmls() -> None:
     x = torch.randn(2, 512) * 3
     x[1, 256:] = 0.0
     x[0, 7], x[0, 9] = -50.0, 50.0  # equal magnitudes: the first one sets the sign of the scale
-    q, d, bsums = quantize_q8_k_ref(x)
+    q, d = quantize_q8_K_ref(x)
     want_q, want_d = _q8_k_ggml(x.numpy())
     assert np.array_equal(q.reshape(-1, 256).numpy(), want_q)
     assert np.array_equal(d.reshape(-1).numpy(), want_d)
     assert d[0, 0, 0] > 0  # -50 / -127: the negative element came first
-    assert torch.equal(bsums, q.reshape(2, 2, 16, 16).sum(-1))
 
 
 def test_q8_0_keeps_its_scale_as_a_half() -> None:
@@ -115,7 +116,7 @@ def test_the_activations_are_quantized_per_format(lib: ctypes.CDLL, qtype: int) 
     x[0, 0] = 1000.0
     y = qmatmul.QWeight([raw], qtype, [(8, k)])(x, lib)
     w = dequantize(raw, qtype, (8, k)).double()
-    q8_k, d8_k, _ = quantize_q8_k_ref(x)
+    q8_k, d8_k = quantize_q8_K_ref(x)
     by_q8_k, by_q8_0 = ((q * d).reshape(1, k).double() @ w.T for q, d in ((q8_k, d8_k), quantize_q8_0_ref(x)))
     want, other = (by_q8_0, by_q8_k) if qtype == IQ4_NL else (by_q8_k, by_q8_0)
     err = (y.double() - want).abs().max()
