@@ -66,7 +66,9 @@ def test_state_save_and_load_keep_their_types(tmp_path: Path) -> None:
     cli("state", "save", "-m", GEMMA3, "-p", "hello the cat sat", "-o", f, "-c", "512", *KV)
     got, _ = cli("state", "load", "-m", GEMMA3, "-i", f, "-n", "6", "-c", "512", *KV)
     assert got == want
-    args = ["state", "load", "-m", GEMMA3, "-i", f, "-n", "6", "-c", "512"]  # f16 by default
+    # without -ctk/-ctv the file's types are taken (this sliding-window model's from its KV parts)
+    assert cli("state", "load", "-m", GEMMA3, "-i", f, "-n", "6", "-c", "512")[0] == want
+    args = ["state", "load", "-m", GEMMA3, "-i", f, "-n", "6", "-c", "512", "-ctk", "f16", "-ctv", "f16"]
     r = subprocess.run(
         [sys.executable, "-m", "kvtool.commands", *args], capture_output=True, text=True, timeout=600
     )

@@ -38,6 +38,7 @@ TABLE: dict[tuple[str, ...], dict[str, list[str]]] = {
         "-np": ["0", "-3"],
         "--defrag-thold": ["1", "1.5", "nan", "inf"],
         "--rs-seq": ["-1"],
+        "-ctxcp": ["-1"],
     },
     ("state", "save", "-o", "x.kvs", "-p", "x"): {**CTX, "--seq": ["-1"]},
     ("state", "load", "-i", "x.kvs"): {**CTX, "-n": ["-2"], "--seq": ["-1"], "--temp": ["nan"]},
@@ -59,6 +60,10 @@ TABLE: dict[tuple[str, ...], dict[str, list[str]]] = {
         "-to": ["0", "-1", "nan"],
         "--max-queue": ["-1"],
         "--defrag-thold": ["1"],
+        "-ctxcp": ["-1"],
+        "-cms": ["-1"],
+        "-cram": ["-2"],
+        "--cache-disk": ["-2"],
     },
     ("bench",): {
         "-ngl": ["-1"],
