@@ -1,4 +1,4 @@
-/* What the row kernel files (qrows_0.c, qrows_k.c) share: the AVX2 helpers, and the table of a
+/* What the row kernel files (qrows_0.c, qrows_k.c) share: the AVX2 or NEON helpers, and the table of a
  * format's kernels for 1, 2, 4 and 8 activation rows made from one always-inlined function. */
 #ifndef KVTOOL_QROWS_H
 #define KVTOOL_QROWS_H
@@ -38,6 +38,22 @@ static inline __m256i dot_u8_i8(__m256i u, __m256i s) {
     return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define KV_NEON 1
+
+/* acc + the products of 16 signed bytes, each 4 neighbours summed into an int32 lane: the dot
+ * product instruction where the CPU has it, else widening multiplies (ggml's ggml_vdotq_s32);
+ * the same integers either way. */
+static inline int32x4_t dot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
+#if defined(__ARM_FEATURE_DOTPROD)
+    return vdotq_s32(acc, a, b);
+#else
+    const int16x8_t p0 = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+    const int16x8_t p1 = vmull_s8(vget_high_s8(a), vget_high_s8(b));
+    return vaddq_s32(acc, vaddq_s32(vpaddlq_s16(p0), vpaddlq_s16(p1)));
 #endif
 }
 #endif

@@ -1,11 +1,12 @@
 /* Row kernels of the 32-element formats (qformats.h): Q4_0, Q5_0 and Q8_0 against Q8_0
  * activations, Q4_1 against Q8_1. On AVX2 each is ggml's x86 vec_dot for the format (arch/x86/
- * quants.c) with the weight block decoded once for all the activation rows; portable C is
- * ggml's generic code. */
+ * quants.c) with the weight block decoded once for all the activation rows; elsewhere
+ * ggml's generic code over the integer dots of qdot.h (NEON or portable C, the same bits). */
 
 #include <stdint.h>
 
 #include "cpu_half.h"
+#include "qdot.h"
 #include "qformats.h"
 #include "qrows.h"
 
@@ -64,33 +65,24 @@ static inline __attribute__((always_inline)) void rows_q4_1(int type, const uint
     for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) + summs[r];
 }
 #else
+/* NEON or portable C: the integer dots of qdot.h, each block's scaled as ggml's generic code. */
 static inline void rows_signed(int type, const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out,
                                const int R) {
     for (int r = 0; r < R; r++) {
         float sumf = 0.0f;
         for (int64_t ib = 0; ib < nb; ib++) {
             const block_q8_0 *y = (const block_q8_0 *)act[r] + ib;
-            int sumi = 0;
+            int sumi;
             float dw;
             if (type == T_Q4_0) {
                 const block_q4_0 *x = (const block_q4_0 *)w + ib;
-                dw = half_to_float(x->d);
-                for (int j = 0; j < QK8 / 2; j++)
-                    sumi += ((x->qs[j] & 0xF) - 8) * y->qs[j] + ((x->qs[j] >> 4) - 8) * y->qs[j + QK8 / 2];
+                dw = half_to_float(x->d), sumi = dot_q4_0(x, y->qs);
             } else if (type == T_Q5_0) {
                 const block_q5_0 *x = (const block_q5_0 *)w + ib;
-                uint32_t qh;
-                __builtin_memcpy(&qh, x->qh, 4);
-                dw = half_to_float(x->d);
-                for (int j = 0; j < QK8 / 2; j++) {
-                    const int lo = (x->qs[j] & 0xF) | (((qh >> j) & 1) << 4);
-                    const int hi = (x->qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-                    sumi += (lo - 16) * y->qs[j] + (hi - 16) * y->qs[j + QK8 / 2];
-                }
+                dw = half_to_float(x->d), sumi = dot_q5_0(x, y->qs);
             } else {
                 const block_q8_0 *x = (const block_q8_0 *)w + ib;
-                dw = half_to_float(x->d);
-                for (int j = 0; j < QK8; j++) sumi += x->qs[j] * y->qs[j];
+                dw = half_to_float(x->d), sumi = dot_q8_0(x, y->qs);
             }
             sumf += (float)sumi * dw * half_to_float(y->d);
         }
@@ -106,8 +98,7 @@ static inline void rows_q4_1(int type, const uint8_t *w, int64_t nb, const uint8
         for (int64_t ib = 0; ib < nb; ib++) {
             const block_q4_1 *x = (const block_q4_1 *)w + ib;
             const block_q8_1 *y = (const block_q8_1 *)act[r] + ib;
-            int sumi = 0;
-            for (int j = 0; j < QK8 / 2; j++) sumi += (x->qs[j] & 0xF) * y->qs[j] + (x->qs[j] >> 4) * y->qs[j + QK8 / 2];
+            const int sumi = dot_q4_1(x, y->qs);
             sumf += half_to_float(x->d) * half_to_float(y->d) * (float)sumi + half_to_float(x->m) * half_to_float(y->s);
         }
         out[r] = sumf;

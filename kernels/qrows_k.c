@@ -1,11 +1,13 @@
 /* Row kernels of the K-quants (qformats.h) against Q8_K activations: Q4_K, Q5_K and Q6_K. On
  * AVX2 each is ggml's x86 vec_dot for the format (arch/x86/quants.c): per super-block an exact
  * integer sum, scaled once by d_w * d_y, the mins through the activation's sums by 16; the weight
- * block is decoded once for all the activation rows. Portable C sums the same integers. */
+ * block is decoded once for all the activation rows. Elsewhere the same integers from the
+ * sub-block dots of qdot.h (NEON or portable C). */
 
 #include <stdint.h>
 
 #include "cpu_half.h"
+#include "qdot.h"
 #include "qformats.h"
 #include "qrows.h"
 
@@ -175,6 +177,7 @@ static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
     }
 }
 
+/* NEON or portable C: the sub-block dots of qdot.h, each super-block's scaled as ggml's generic code. */
 static inline void rows_q45_K(int type, const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out,
                               const int R) {
     for (int r = 0; r < R; r++) {
@@ -190,16 +193,12 @@ static inline void rows_q45_K(int type, const uint8_t *w, int64_t nb, const uint
                 const block_q5_K *x = (const block_q5_K *)w + i;
                 qs = x->qs, scales = x->scales, hd = x->d, hdmin = x->dmin, qh = x->qh;
             }
-            int sumi = 0, summ = 0;
+            int dots[8], sumi = 0, summ = 0;
+            sub_dots_q45_K(qs, qh, y->qs, dots);
             for (int j = 0; j < 8; j++) {
-                int sc, m, dot = 0;
+                int sc, m;
                 scale_min_k4(j, scales, &sc, &m);
-                for (int l = 0; l < 32; l++) {
-                    int v = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0xF;
-                    if (qh) v |= ((qh[l] >> j) & 1) << 4;
-                    dot += v * y->qs[32 * j + l];
-                }
-                sumi += sc * dot;
+                sumi += sc * dots[j];
                 summ += m * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
             }
             sumf += y->d * half_to_float(hd) * (float)sumi - y->d * half_to_float(hdmin) * (float)summ;
@@ -216,13 +215,9 @@ static inline void rows_q6_K(int type, const uint8_t *w, int64_t nb, const uint8
         for (int64_t i = 0; i < nb; i++) {
             const block_q6_K *x = (const block_q6_K *)w + i;
             const block_q8_K *y = (const block_q8_K *)act[r] + i;
-            int sumi = 0;
-            for (int e = 0; e < QK_K; e++) { /* element e: half e / 128, within it l and quarter e % 128 / 32 */
-                const int h = e / 128, k4 = (e % 128) / 32, l = e % 32;
-                const uint8_t lo = x->ql[64 * h + l + 32 * (k4 & 1)] >> (4 * (k4 >> 1));
-                const int v = ((lo & 0xF) | (((x->qh[32 * h + l] >> (2 * k4)) & 3) << 4)) - 32;
-                sumi += x->scales[e / 16] * v * y->qs[e];
-            }
+            int dots[16], sumi = 0;
+            sub_dots_q6_K(x, y->qs, dots);
+            for (int g = 0; g < 16; g++) sumi += x->scales[g] * (dots[g] - 32 * y->bsums[g]); /* q - 32 */
             sumf += y->d * half_to_float(x->d) * (float)sumi;
         }
         out[r] = sumf;
