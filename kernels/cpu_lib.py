@@ -156,6 +156,8 @@ def load(path: Path) -> ctypes.CDLL | None:
         lib.kvl_layers.restype = ctypes.c_int
         lib.kvq_set_threads.argtypes = [ctypes.c_int]
         lib.kvq_set_threads.restype = ctypes.c_int
+        lib.kvq_simd.argtypes = []
+        lib.kvq_simd.restype = ctypes.c_char_p
     except AttributeError:  # a library of other sources: a function is missing
         return None
     lib.kvq_set_threads(torch.get_num_threads())
@@ -190,6 +192,13 @@ def lib() -> ctypes.CDLL | None:
     if loaded is None:
         warnings.warn(f"the CPU kernels in {path} did not load: {_FALLBACK}", stacklevel=2)
     return loaded
+
+
+def simd() -> str:
+    """The instruction set the loaded kernels compute with: "avx512-vnni", "avx2", "neon-dotprod",
+    "neon" or "portable" (plain C), or "none" where they are not loaded (torch computes)."""
+    c = lib()
+    return "none" if c is None else c.kvq_simd().decode()
 
 
 def set_threads(n: int) -> None:

@@ -1,7 +1,8 @@
 /* Integer dot products of one weight block with an activation block's qs, per format, for the
  * kernels built without AVX2 (qrows_0.c, qrows_k.c): a NEON section (ggml's ARM kernels' way:
  * nibbles unpacked in registers, dot16 of qrows.h) and a portable C section. Both give the same
- * integers, so the float code around them (shared) gives the same bits on every CPU. */
+ * integers, so the float code around them (shared) gives the same bits on every CPU. The dots of
+ * already decoded bytes serve the panel kernel without AVX2 (qpanel_c.c). */
 #ifndef KVTOOL_QDOT_H
 #define KVTOOL_QDOT_H
 
@@ -92,6 +93,13 @@ static inline void sub_dots_q6_K(const block_q6_K *x, const int8_t *y, int dots[
             }
 }
 
+/* Dots of 16 and of 32 signed bytes (decoded weights: qpanel_c.c). */
+static inline int dot16_i8(const int8_t *a, const int8_t *b) {
+    return vaddvq_s32(dot16(vdupq_n_s32(0), vld1q_s8(a), vld1q_s8(b)));
+}
+
+static inline int dot32_i8(const int8_t *a, const int8_t *b) { return dot2x16(vld1q_s8(a), b, vld1q_s8(a + 16), b + 16); }
+
 #else
 /* ---- portable C ---- */
 
@@ -144,6 +152,18 @@ static inline void sub_dots_q6_K(const block_q6_K *x, const int8_t *y, int dots[
         const uint8_t lo = x->ql[64 * h + l + 32 * (k4 & 1)] >> (4 * (k4 >> 1));
         dots[e / 16] += ((lo & 0xF) | (((x->qh[32 * h + l] >> (2 * k4)) & 3) << 4)) * y[e];
     }
+}
+
+static inline int dot16_i8(const int8_t *a, const int8_t *b) {
+    int s = 0;
+    for (int j = 0; j < 16; j++) s += a[j] * b[j];
+    return s;
+}
+
+static inline int dot32_i8(const int8_t *a, const int8_t *b) {
+    int s = 0;
+    for (int j = 0; j < 32; j++) s += a[j] * b[j];
+    return s;
 }
 #endif
 

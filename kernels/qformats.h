@@ -112,4 +112,14 @@ static inline void unpack_k_scales(const uint8_t *scales, uint32_t utmp[4]) {
     utmp[0] &= kmask1;
 }
 
+/* Sub-block j of 32 of a Q4_K / Q5_K super-block: its scale and min (ggml's get_scale_min_k4). */
+static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63, *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
 #endif

@@ -23,6 +23,7 @@
 #include "cpu_kernels.h"
 #include "cpu_pool.h"
 #include "qmatmul_job.h"
+#include "qpanel.h"
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define KV_AVX2 1
@@ -49,6 +50,21 @@ const qformat *kvq_format(int type) {
 }
 
 int kvq_supported(int type) { return kvq_format(type) != NULL; }
+
+/* The instruction set the block matmuls of this build use, for messages and tests. */
+const char *kvq_simd(void) {
+#if defined(PANEL_VNNI)
+    return "avx512-vnni";
+#elif defined(KV_AVX2)
+    return "avx2";
+#elif defined(__aarch64__) && defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+    return "neon-dotprod";
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+    return "neon";
+#else
+    return "portable";
+#endif
+}
 
 #define PREFETCH_ROWS 8 /* weight rows ahead that a pass asks memory for */
 

@@ -17,24 +17,15 @@
 #include "qpanel.h"
 #include "qrows.h"
 
-/* The formats this kernel unpacks (the low-bit ones keep their row kernels, 8 rows a pass). */
-static int panel_format(int type) {
-    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q8_0 || type == T_Q4_K || type == T_Q5_K ||
-           type == T_Q6_K;
-}
-
+#ifdef KV_AVX2
 int kvq_panels(int type) {
 #if defined(PANEL_VNNI)
     return panel_format(type);
-#elif defined(KV_AVX2)
-    return type != T_Q8_0 && panel_format(type); /* Q8_0 x int8 overflows maddubs' int16 */
 #else
-    (void)type;
-    return 0;
+    return type != T_Q8_0 && panel_format(type); /* Q8_0 x int8 overflows maddubs' int16 */
 #endif
 }
 
-#ifdef KV_AVX2
 /* Block u (32 elements) of a weight row: its unsigned values in element order. */
 static inline __m256i panel_values(int type, const uint8_t *row, int64_t u) {
     const __m256i m4 = _mm256_set1_epi8(0xF);
@@ -233,9 +224,4 @@ int kvq_matmul_panels(const job_t *J) {
     free(A.dx), free(A.qsum);
     return T.failed ? -1 : 0;
 }
-#else
-int kvq_matmul_panels(const job_t *J) {
-    (void)J;
-    return -1;
-}
-#endif
+#endif /* without AVX2: qpanel_c.c */

@@ -167,16 +167,6 @@ static inline __attribute__((always_inline)) void rows_q6_K(int type, const uint
     for (int r = 0; r < R; r++) out[r] = hsum(acc[r]);
 }
 #else
-/* Sub-block j of 32 of a Q4_K / Q5_K super-block: its scale and min (ggml's get_scale_min_k4). */
-static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63, *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
 /* NEON or portable C: the sub-block dots of qdot.h, each super-block's scaled as ggml's generic code. */
 static inline void rows_q45_K(int type, const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out,
                               const int R) {

@@ -3,7 +3,7 @@
  * host (the reference) and for aarch64 (NEON, with and without the dot product instruction), runs
  * the latter under qemu-user and compares the lines.
  *
- * Output: a first line "isa <what the build targets>", then one line per case:
+ * Output: a first line "isa <kvq_simd()>", then one line per case:
  * "<case> <hex words>" (float bits, or raw bytes for quantized activations). */
 #include <math.h>
 #include <stdint.h>
@@ -18,6 +18,7 @@
 #include "qrows.h"
 
 int kvq_set_threads(int n);
+const char *kvq_simd(void);
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 
@@ -212,15 +213,7 @@ static void attentions(void) {
 }
 
 int main(void) {
-#if defined(KV_NEON) && defined(__ARM_FEATURE_DOTPROD)
-    printf("isa neon dotprod\n");
-#elif defined(KV_NEON)
-    printf("isa neon\n");
-#elif defined(KV_AVX2)
-    printf("isa avx2\n");
-#else
-    printf("isa portable\n");
-#endif
+    printf("isa %s\n", kvq_simd());
     kvq_set_threads(2);
     quantized_activations();
     matmuls();
