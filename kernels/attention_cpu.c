@@ -25,6 +25,9 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define KV_AVX2 1
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define KV_NEON 1
 #endif
 
 /* Bytes of one element of a cache tensor of `type` (a quantized cache: its bytes). */
@@ -85,6 +88,15 @@ static inline __m256 load8(const uint8_t *row, int type, int64_t j) {
     }
 }
 
+#elif defined(KV_NEON)
+/* Elements j .. j + 3 of a row of the cache type, as floats. */
+static inline float32x4_t load4(const uint8_t *row, int type, int64_t j) {
+    switch (type) {
+    case KV_F16: return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(row + 2 * j))));
+    case KV_BF16: return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)(row + 2 * j)), 16));
+    default: return vld1q_f32((const float *)(row + 4 * j));
+    }
+}
 #endif
 
 static inline __attribute__((always_inline)) float dot_row(const float *q, const uint8_t *k, int type, int64_t D) {
@@ -101,6 +113,16 @@ static inline __attribute__((always_inline)) float dot_row(const float *q, const
     }
     for (; j + 8 <= D; j += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), load8(k, type, j), a0);
     sum = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+#elif defined(KV_NEON)
+    float32x4_t a0 = vdupq_n_f32(0.0f), a1 = a0, a2 = a0, a3 = a0;
+    for (; j + 16 <= D; j += 16) {
+        a0 = vfmaq_f32(a0, vld1q_f32(q + j), load4(k, type, j));
+        a1 = vfmaq_f32(a1, vld1q_f32(q + j + 4), load4(k, type, j + 4));
+        a2 = vfmaq_f32(a2, vld1q_f32(q + j + 8), load4(k, type, j + 8));
+        a3 = vfmaq_f32(a3, vld1q_f32(q + j + 12), load4(k, type, j + 12));
+    }
+    for (; j + 4 <= D; j += 4) a0 = vfmaq_f32(a0, vld1q_f32(q + j), load4(k, type, j));
+    sum = vaddvq_f32(vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3)));
 #endif
     for (; j < D; j++) sum += q[j] * load1(k, type, j);
     return sum;
@@ -175,6 +197,17 @@ static float exp_row(float *w, const float *sc, float mx, int64_t n) {
         acc = _mm256_add_ps(acc, y);
     }
     sum = hsum(acc);
+#elif defined(KV_NEON)
+    const float32x4_t vmx = vdupq_n_f32(mx), ninf = vdupq_n_f32(-INFINITY);
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    for (; c + 4 <= n; c += 4) {
+        const float32x4_t s4 = vld1q_f32(sc + c);
+        float32x4_t y = exp4(vsubq_f32(s4, vmx)); /* x <= 0: exp4's upper clamp never applies */
+        y = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y), vceqq_f32(s4, ninf))); /* hidden keys weigh 0 */
+        vst1q_f32(w + c, y);
+        acc = vaddq_f32(acc, y);
+    }
+    sum = vaddvq_f32(acc);
 #endif
     for (; c < n; c++) {
         w[c] = sc[c] == -INFINITY ? 0.0f : expf(sc[c] - mx);
@@ -189,13 +222,15 @@ static void axpy_row(float *acc, float w, const uint8_t *v, int type, int64_t Dv
     const __m256 wv = _mm256_set1_ps(w);
     for (; j + 8 <= Dv; j += 8)
         _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(wv, load8(v, type, j), _mm256_loadu_ps(acc + j)));
+#elif defined(KV_NEON)
+    for (; j + 4 <= Dv; j += 4) vst1q_f32(acc + j, vfmaq_n_f32(vld1q_f32(acc + j), load4(v, type, j), w));
 #endif
     for (; j < Dv; j++) acc[j] += w * load1(v, type, j);
 }
 
 /* o += sum_c w[c] v[c] over the rows with w[c] != 0, V of a float type, rows `stride` bytes
- * apart. 64 columns at a time are kept in registers over all rows (an accumulator in memory
- * would make every row wait for the previous row's store). */
+ * apart. 64 columns at a time (NEON: 32) are kept in registers over all rows (an accumulator
+ * in memory would make every row wait for the previous row's store). */
 static inline __attribute__((always_inline)) void sum_float(float *o, const float *w, const uint8_t *v,
                                                              int64_t stride, int64_t n, int type, int64_t Dv) {
     int64_t j0 = 0;
@@ -210,6 +245,17 @@ static inline __attribute__((always_inline)) void sum_float(float *o, const floa
             for (int r = 0; r < 8; r++) a[r] = _mm256_fmadd_ps(wv, load8(row, type, j0 + 8 * r), a[r]);
         }
         for (int r = 0; r < 8; r++) _mm256_storeu_ps(o + j0 + 8 * r, a[r]);
+    }
+#elif defined(KV_NEON)
+    for (; j0 + 32 <= Dv; j0 += 32) {
+        float32x4_t a[8];
+        for (int r = 0; r < 8; r++) a[r] = vld1q_f32(o + j0 + 4 * r);
+        for (int64_t c = 0; c < n; c++) {
+            if (w[c] == 0.0f) continue;
+            const uint8_t *row = v + c * stride;
+            for (int r = 0; r < 8; r++) a[r] = vfmaq_n_f32(a[r], load4(row, type, j0 + 4 * r), w[c]);
+        }
+        for (int r = 0; r < 8; r++) vst1q_f32(o + j0 + 4 * r, a[r]);
     }
 #endif
     if (j0 < Dv) {

@@ -256,6 +256,38 @@ static inline void silu_mul_vec(const float *g, const float *u, float *out) {
     const __m256 silu = _mm256_div_ps(_mm256_loadu_ps(g), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
     _mm256_storeu_ps(out, _mm256_mul_ps(silu, _mm256_loadu_ps(u)));
 }
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define SILU_W 4
+/* ggml's ggml_v_expf / ggml_v_silu for NEON, as its ARM build computes them. */
+static inline void silu_mul_vec(const float *g, const float *u, float *out) {
+    const float32x4_t x = vsubq_f32(vdupq_n_f32(0.0f), vld1q_f32(g)); /* e^-g */
+    const float32x4_t r = vdupq_n_f32(0x1.8p23f);
+    const float32x4_t z = vfmaq_f32(r, x, vdupq_n_f32(0x1.715476p+0f));
+    const float32x4_t n = vsubq_f32(z, r);
+    const float32x4_t b = vfmsq_f32(vfmsq_f32(x, n, vdupq_n_f32(0x1.62e4p-1f)), n, vdupq_n_f32(0x1.7f7d1cp-20f));
+    const uint32x4_t e = vshlq_n_u32(vreinterpretq_u32_f32(z), 23);
+    const float32x4_t k = vreinterpretq_f32_u32(vaddq_u32(e, vreinterpretq_u32_f32(vdupq_n_f32(1))));
+    const uint32x4_t c = vcagtq_f32(n, vdupq_n_f32(126));
+    const float32x4_t v = vmulq_f32(b, b);
+    const float32x4_t j =
+        vfmaq_f32(vmulq_f32(vdupq_n_f32(0x1.ffffecp-1f), b),
+                  vfmaq_f32(vfmaq_f32(vdupq_n_f32(0x1.fffdb6p-2f), vdupq_n_f32(0x1.555e66p-3f), b),
+                            vfmaq_f32(vdupq_n_f32(0x1.573e2ep-5f), vdupq_n_f32(0x1.0e4020p-7f), b), v),
+                  v);
+    float32x4_t ex;
+    if (!vpaddd_u64(vreinterpretq_u64_u32(c))) {
+        ex = vfmaq_f32(k, j, k);
+    } else {
+        const uint32x4_t d = vandq_u32(vclezq_f32(n), vdupq_n_u32(0x82000000));
+        const float32x4_t s1 = vreinterpretq_f32_u32(vaddq_u32(d, vdupq_n_u32(0x7f000000)));
+        const float32x4_t s2 = vreinterpretq_f32_u32(vsubq_u32(e, d));
+        ex = vbslq_f32(vcagtq_f32(n, vdupq_n_f32(192)), vmulq_f32(s1, s1),
+                       vbslq_f32(c, vmulq_f32(vfmaq_f32(s2, s2, j), s1), vfmaq_f32(k, k, j)));
+    }
+    const float32x4_t silu = vdivq_f32(vld1q_f32(g), vaddq_f32(vdupq_n_f32(1.0f), ex));
+    vst1q_f32(out, vmulq_f32(silu, vld1q_f32(u)));
+}
 #else
 #define SILU_W 1
 static inline void silu_mul_vec(const float *g, const float *u, float *out) { *out = *g / (1.0f + expf(-*g)) * *u; }

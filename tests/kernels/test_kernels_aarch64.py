@@ -1,7 +1,9 @@
 """The CPU kernels built for aarch64 (NEON, with and without the dot product instruction) and run
 under qemu-user: every kernel's outputs on fixed inputs (tests/kernels/c/kernel_vectors.c)
-against the portable C build of the same file on this machine, bit for bit: the NEON code sums
-the same integers and does the same float operations in the same order as the portable code.
+against the portable C build of the same file on this machine: bit for bit where the NEON code sums the
+same integers and does the same float operations in the same order as the portable code (the
+block matmuls: activations, row kernels, panels; RoPE and the K/V store), within TOLERANCES
+where it adds in another order.
 
 The cross compiler and qemu are Debian's gcc-aarch64-linux-gnu and qemu-user; a CI machine
 (root, apt) that lacks them gets them installed here, any other machine without them fails.
@@ -14,6 +16,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kvtool.kernels import cpu_lib
@@ -23,6 +26,12 @@ HARNESS = Path(__file__).parent / "c" / "kernel_vectors.c"
 CROSS_CC = "aarch64-linux-gnu-gcc"
 QEMU = "qemu-aarch64"
 PACKAGES = ["gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross", "qemu-user"]
+# Cases whose NEON code adds floats in another order than the portable code: the largest
+# difference over the largest value. Attention: 4 lanes of fused multiply-adds and exp4's
+# polynomial for the scores' exponentials (the AVX2 build differs from the portable one alike);
+# SwiGLU: ggml's NEON e^x in the SiLU, whose last-bit differences can move a hidden value across
+# a rounding step of its int8 quantization before the down matmul.
+TOLERANCES = {"attention_": 1e-5, "ffn_silu": 1e-2}
 FLAGS = ["-O3", "-std=c11", "-pthread", "-Wall", "-Werror"]  # cpu_lib.py's, and no warning
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
@@ -85,5 +94,14 @@ def test_aarch64_kernels_give_the_portable_bits(
     assert not [k for k in cases if k.startswith("bad")], cases.keys()
     assert cases.keys() == expected.keys()
     assert len(expected) > 90  # every kernel: activations, matmuls (rows, panels), FFN, RoPE/store, attention
-    differ = [k for k in expected if cases[k] != expected[k]]
+    differ = [k for k in expected if cases[k] != expected[k] and not k.startswith(tuple(TOLERANCES))]
     assert not differ, f"{len(differ)} cases differ from the portable build: {differ[:8]}"
+    for prefix, tol in TOLERANCES.items():
+        for name in (k for k in expected if k.startswith(prefix)):
+            got, want = _floats(cases[name]), _floats(expected[name])
+            err = float(np.abs(got - want).max() / np.abs(want).max())
+            assert err < tol, (name, err)
+
+
+def _floats(words: list[str]) -> np.ndarray:
+    return np.array([int(w, 16) for w in words], dtype=np.uint32).view(np.float32).astype(np.float64)
