@@ -173,3 +173,29 @@ def test_without_a_compiler_the_model_runs_on_torchs_int4_matmul(
         err = (got - want).abs().max() / want.abs().max()
         assert float(err) < 0.03, (step, float(err))
         assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
+
+
+def test_the_portable_build_runs_the_model_with_no_float_copy(
+    model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plain C build (a CPU without AVX2 or NEON) end to end: a prompt takes its panel
+    kernel, so no matrix gets a float32 copy, and its logits are the native build's up to the
+    order of float additions (benchmarks/portable_logits.py does the same on real models)."""
+    cc = cpu_lib._compiler()
+    path = cpu_lib.build(cc, portable=True) if cc else None
+    portable = cpu_lib.load(path) if path is not None else None
+    if portable is None:
+        pytest.skip("no portable build")
+    tokens = ([1, 5, 9, 3, 7, 11, 4, 8, 2, 6] * 8)[: 2 * (QUANT_MAX_ROWS + 1)]
+    native = Model(model_path)
+    want = [logits(native, tokens, step) for step in (1, len(tokens))]
+    monkeypatch.setattr(cpu_lib, "lib", lambda: portable)
+    model = Model(model_path)
+    got = [logits(model, tokens, step) for step in (1, len(tokens))]
+    layer = model.impl.layers[0]
+    for linear in (layer.ffn_down, layer.wo, model.impl.output):
+        assert isinstance(linear, QuantLinear) and linear.native is not None and linear._dense is None
+    for g, w in zip(got, want, strict=True):
+        err = (g - w).abs().max() / w.abs().max()
+        assert float(err) < 1e-5, float(err)
+        assert torch.equal(g.argmax(-1), w.argmax(-1))
