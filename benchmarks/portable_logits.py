@@ -52,11 +52,11 @@ def run(path: Path, tokens: list[int], n_prompt: int) -> tuple[torch.Tensor, flo
     ctx = Context(model, ContextParams(n_ctx=512))
     t0 = time.perf_counter()
     prompt = tokens[:n_prompt]
-    ctx.decode(Batch(prompt, list(range(n_prompt)), [[0]] * n_prompt, [True] * n_prompt))
+    ctx.decode(Batch(prompt, list(range(n_prompt)), [(0,)] * n_prompt, [True] * n_prompt))
     rows = [ctx.logits().clone()]
     t1 = time.perf_counter()
     for i in range(n_prompt, len(tokens)):
-        ctx.decode(Batch([tokens[i]], [i], [[0]], [True]))
+        ctx.decode(Batch([tokens[i]], [i], [(0,)], [True]))
         rows.append(ctx.logits().clone())
     t2 = time.perf_counter()
     return torch.cat(rows), t1 - t0, t2 - t1, model
@@ -88,7 +88,8 @@ def main() -> None:
         tokens = (probe.tokenize(TEXT) * 8)[: args.prompt + args.decode]
         del probe
         want, p_nat, d_nat, _ = run(path, tokens, args.prompt)
-        cpu_lib.lib = lambda: portable  # type: ignore[assignment] - every kernel from the portable build
+        # every kernel from the portable build
+        cpu_lib.lib = lambda: portable  # type: ignore[assignment]
         try:
             got, p_port, d_port, model = run(path, tokens, args.prompt)
             copies = float_copies(model)
