@@ -1,6 +1,6 @@
 /* Integer dot products of one weight block with an activation block's qs, per format, for the
- * kernels built without AVX2 (qrows_0.c, qrows_k.c): a NEON section (ggml's ARM kernels' way:
- * nibbles unpacked in registers, dot16 of qrows.h) and a portable C section. Both give the same
+ * kernels built without AVX2 (qrows_0.c, qrows_k.c, qrows_lowbit.c): a NEON section (ggml's ARM
+ * kernels' way: nibbles unpacked in registers, dot16 of qrows.h) and a portable C section. Both give the same
  * integers, so the float code around them (shared) gives the same bits on every CPU. The dots of
  * already decoded bytes serve the panel kernel without AVX2 (qpanel_c.c). */
 #ifndef KVTOOL_QDOT_H
@@ -93,6 +93,27 @@ static inline void sub_dots_q6_K(const block_q6_K *x, const int8_t *y, int dots[
             }
 }
 
+/* Q2_K / Q3_K: the 16 groups' dots of their values (Q2_K 0..3, Q3_K -4..3) with y. */
+static inline void sub_dots_q23_K(int type, const uint8_t *qs, const uint8_t *hmask, const int8_t *y, int dots[16]) {
+    for (int g = 0; g < 16; g++) { /* group g: half g / 8 of 128, 2-bit plane (g % 8) / 2, bytes 16 (g % 2) on */
+        const int h = g / 8, s = (g % 8) / 2, l0 = 16 * (g % 2);
+        const uint8x16_t lo = vandq_u8(vshlq_u8(vld1q_u8(qs + 32 * h + l0), vdupq_n_s8((int8_t)(-2 * s))), vdupq_n_u8(3));
+        int8x16_t v = vreinterpretq_s8_u8(lo);
+        if (type == T_Q3_K) {
+            const uint8x16_t set = vtstq_u8(vld1q_u8(hmask + l0), vdupq_n_u8((uint8_t)(1u << (4 * h + s))));
+            v = vsubq_s8(v, vreinterpretq_s8_u8(vbicq_u8(vdupq_n_u8(4), set)));
+        }
+        dots[g] = vaddvq_s32(dot16(vdupq_n_s32(0), v, vld1q_s8(y + 16 * g)));
+    }
+}
+
+/* IQ4_NL / IQ4_XS: 32 values from 16 bytes of nibbles (low nibbles first) dotted with y. */
+static inline int dot_iq4(const uint8_t *qs, const int8_t *y) {
+    const int8x16_t values = vld1q_s8(iq4_values());
+    const uint8x16_t b = vld1q_u8(qs);
+    return dot2x16(vqtbl1q_s8(values, vandq_u8(b, vdupq_n_u8(0xF))), y, vqtbl1q_s8(values, vshrq_n_u8(b, 4)), y + 16);
+}
+
 /* Dots of 16 and of 32 signed bytes (decoded weights: qpanel_c.c). */
 static inline int dot16_i8(const int8_t *a, const int8_t *b) {
     return vaddvq_s32(dot16(vdupq_n_s32(0), vld1q_s8(a), vld1q_s8(b)));
@@ -152,6 +173,25 @@ static inline void sub_dots_q6_K(const block_q6_K *x, const int8_t *y, int dots[
         const uint8_t lo = x->ql[64 * h + l + 32 * (k4 & 1)] >> (4 * (k4 >> 1));
         dots[e / 16] += ((lo & 0xF) | (((x->qh[32 * h + l] >> (2 * k4)) & 3) << 4)) * y[e];
     }
+}
+
+static inline void sub_dots_q23_K(int type, const uint8_t *qs, const uint8_t *hmask, const int8_t *y, int dots[16]) {
+    for (int g = 0; g < 16; g++) {
+        int dot = 0;
+        for (int e = 16 * g; e < 16 * g + 16; e++) {
+            const int h = e / 128, s = (e % 128) / 32, l = e % 32;
+            int q = (qs[32 * h + l] >> (2 * s)) & 3;
+            if (type == T_Q3_K) q -= (hmask[l] >> (4 * h + s)) & 1 ? 0 : 4;
+            dot += q * y[e];
+        }
+        dots[g] = dot;
+    }
+}
+
+static inline int dot_iq4(const uint8_t *qs, const int8_t *y) {
+    int s = 0;
+    for (int j = 0; j < 16; j++) s += iq4_values()[qs[j] & 0xF] * y[j] + iq4_values()[qs[j] >> 4] * y[16 + j];
+    return s;
 }
 
 static inline int dot16_i8(const int8_t *a, const int8_t *b) {

@@ -122,4 +122,37 @@ static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
     }
 }
 
+/* The 16 non-linear values of IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl). */
+static inline const int8_t *iq4_values(void) {
+    static const int8_t v[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    return v;
+}
+
+/* The 16 scales of a Q3_K super-block, each minus 32. */
+static inline void q3_k_scales(const uint8_t *s, int8_t *sc) {
+    for (int j = 0; j < 16; j++) {
+        const int lo = (j < 8 ? s[j] : s[j - 8] >> 4) & 0xF;
+        const int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        sc[j] = (int8_t)((lo | (hi << 4)) - 32);
+    }
+}
+
+/* The 6-bit scale of sub-block ib of an IQ4_XS super-block, minus 32. */
+static inline int iq4_xs_scale(const block_iq4_xs *x, int ib) {
+    return (((x->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((x->scales_h >> (2 * ib)) & 3) << 4)) - 32;
+}
+
+/* Element e of a Q2_K super-block (0..3), of a Q3_K one (-4..3), of an IQ4_XS one (its value). */
+static inline int q2_k_value(const block_q2_K *x, int e) {
+    return (x->qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+}
+static inline int q3_k_value(const block_q3_K *x, int e) {
+    const int h = e / 128, s = (e % 128) / 32, l = e % 32;
+    return ((x->qs[32 * h + l] >> (2 * s)) & 3) - ((x->hmask[l] >> (4 * h + s)) & 1 ? 0 : 4);
+}
+static inline int iq4_xs_value(const block_iq4_xs *x, int e) {
+    const uint8_t b = x->qs[16 * (e / 32) + e % 16];
+    return iq4_values()[e % 32 < 16 ? b & 0xF : b >> 4];
+}
+
 #endif

@@ -32,12 +32,6 @@ static inline const uint8_t *job_row(const job_t *J, int64_t o) {
 /* Rows from which a format with the panel kernel takes it (models/linear.py's QUANT_MAX_ROWS). */
 #define PANEL_MIN_ROWS 33
 
-/* The formats the panel kernels unpack (the low-bit ones keep their row kernels, 8 rows a pass). */
-static inline int panel_format(int type) {
-    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q8_0 || type == T_Q4_K || type == T_Q5_K ||
-           type == T_Q6_K;
-}
-
 int kvq_panels(int type);
 
 /* The panel kernel over every activation row of J, on the pool; 0, or -1 without memory. */

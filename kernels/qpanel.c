@@ -18,6 +18,12 @@
 #include "qrows.h"
 
 #ifdef KV_AVX2
+/* The formats this kernel unpacks (the low-bit ones keep their row kernels, 8 rows a pass). */
+static int panel_format(int type) {
+    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q8_0 || type == T_Q4_K || type == T_Q5_K ||
+           type == T_Q6_K;
+}
+
 int kvq_panels(int type) {
 #if defined(PANEL_VNNI)
     return panel_format(type);

@@ -1,9 +1,10 @@
 /* The panel kernel of the builds without AVX2 (portable C, NEON): many activation rows (prompts)
  * against a weight with no float copy of it. PANEL_C_W weight rows at a time are decoded once
  * into signed bytes in the activation's element order (q8 values: Q4_0's q - 8, Q5_0's q - 16,
- * Q8_0's q; Q4_1's, the K-quants' unsigned q) with their scales; every activation row then
+ * Q8_0's q; Q4_1's, the K-quants' unsigned q; Q3_K's signed q, IQ4_NL's and IQ4_XS's looked-up
+ * values) with their scales; every activation row then
  * takes its integer dots with them (qdot.h's dot32_i8, NEON or portable C) block by block. Each
- * output is the row kernels' (qrows_0.c, qrows_k.c) without AVX2, bit for bit: the same integers,
+ * output is the row kernels' (qrows_0.c, qrows_k.c, qrows_lowbit.c) without AVX2, bit for bit: the same integers,
  * scaled and added in the same order, so a row's result does not depend on the other rows. */
 
 #include <stdlib.h>
@@ -19,7 +20,7 @@
 
 #define PANEL_C_W 8 /* weight rows decoded at a time: 8 rows of a 2048-wide matrix are 16 KB */
 
-int kvq_panels(int type) { return panel_format(type); }
+int kvq_panels(int type) { return kvq_format(type) != NULL; }
 
 /* A tile's decoded weights: vals [PANEL_C_W][k] bytes; per block of 32 (u) or super-block (sb):
  * d [PANEL_C_W][nu] (the K-quants' by sb), m [PANEL_C_W][nu] (Q4_1's m, the K-quants' dmin by
@@ -79,6 +80,36 @@ static void decode_row(int type, const uint8_t *row, int64_t k, int l, const til
             if (u % 8 == 0) d[u / 8] = half_to_float(b->d);
             break;
         }
+        case T_Q2_K: case T_Q3_K: case T_IQ4_XS: { /* sub-block j of 32 of super-block u / 8 */
+            const int j = (int)(u % 8);
+            const block_q2_K *b2 = (const block_q2_K *)row + u / 8;
+            const block_q3_K *b3 = (const block_q3_K *)row + u / 8;
+            const block_iq4_xs *bx = (const block_iq4_xs *)row + u / 8;
+            for (int l2 = 0; l2 < 32; l2++) {
+                const int e = 32 * j + l2;
+                v[l2] = (int8_t)(type == T_Q2_K ? q2_k_value(b2, e) : type == T_Q3_K ? q3_k_value(b3, e) : iq4_xs_value(bx, e));
+            }
+            if (type == T_Q2_K) { /* the two groups' scales (their mins stay in the block: tile_rows) */
+                sc[2 * u] = b2->scales[2 * j] & 0xF, sc[2 * u + 1] = b2->scales[2 * j + 1] & 0xF;
+            } else if (type == T_Q3_K) {
+                int8_t s3[16];
+                q3_k_scales(b3->scales, s3);
+                sc[2 * u] = s3[2 * j], sc[2 * u + 1] = s3[2 * j + 1];
+            } else {
+                sc[2 * u] = iq4_xs_scale(bx, j);
+            }
+            if (j == 0) {
+                d[u / 8] = half_to_float(type == T_Q2_K ? b2->d : type == T_Q3_K ? b3->d : bx->d);
+                if (type == T_Q2_K) m[u / 8] = half_to_float(b2->dmin);
+            }
+            break;
+        }
+        case T_IQ4_NL: {
+            const block_iq4_nl *b = (const block_iq4_nl *)row + u;
+            for (int j = 0; j < 16; j++) v[j] = iq4_values()[b->qs[j] & 0xF], v[j + 16] = iq4_values()[b->qs[j] >> 4];
+            d[u] = half_to_float(b->d);
+            break;
+        }
         default: { /* Q4_K, Q5_K: sub-block j of super-block u / 8 */
             const int j = (int)(u % 8);
             const block_q4_K *b4 = (const block_q4_K *)row + u / 8;
@@ -117,7 +148,21 @@ static void tile_rows(const job_t *J, const tile_t *T, int64_t o, int nw) {
                 for (int64_t sb = 0; sb < nu / 8; sb++) {
                     const block_q8_K *y = (const block_q8_K *)row + sb;
                     int sumi = 0, summ = 0;
-                    if (type == T_Q6_K) {
+                    if (type == T_Q2_K || type == T_Q3_K) { /* 16 groups of 16, Q2_K's mins from the block */
+                        for (int g = 0; g < 16; g++) sumi += sc[sb * 16 + g] * dot16_i8(v + sb * QK_K + 16 * g, y->qs + 16 * g);
+                        if (type == T_Q2_K) {
+                            const block_q2_K *x = (const block_q2_K *)job_row(J, o + l) + sb;
+                            for (int g = 0; g < 16; g++) summ += y->bsums[g] * (x->scales[g] >> 4);
+                            sumf += -y->d * m[sb] * (float)summ;
+                            sumf += y->d * d[sb] * (float)sumi;
+                        } else {
+                            sumf += d[sb] * y->d * (float)sumi;
+                        }
+                    } else if (type == T_IQ4_XS) {
+                        for (int j = 0; j < 8; j++)
+                            sumi += sc[2 * (sb * 8 + j)] * dot32_i8(v + (sb * 8 + j) * QK8, y->qs + QK8 * j);
+                        sumf += d[sb] * y->d * (float)sumi;
+                    } else if (type == T_Q6_K) {
                         for (int g = 0; g < 16; g++) { /* q - 32 through the sums by 16 */
                             const int dot = dot16_i8(v + sb * QK_K + 16 * g, y->qs + 16 * g);
                             sumi += sc[sb * 16 + g] * (dot - 32 * y->bsums[g]);
@@ -137,6 +182,11 @@ static void tile_rows(const job_t *J, const tile_t *T, int64_t o, int nw) {
                     const block_q8_1 *y = (const block_q8_1 *)row + u;
                     const int sumi = dot32_i8(v + u * QK8, y->qs);
                     sumf += d[u] * half_to_float(y->d) * (float)sumi + m[u] * half_to_float(y->s);
+                }
+            } else if (type == T_IQ4_NL) {
+                for (int64_t u = 0; u < nu; u++) {
+                    const block_q8_0 *y = (const block_q8_0 *)row + u;
+                    sumf += d[u] * half_to_float(y->d) * (float)dot32_i8(v + u * QK8, y->qs);
                 }
             } else {
                 for (int64_t u = 0; u < nu; u++) {

@@ -3,29 +3,14 @@
  * block for IQ4_NL) an exact integer sum, scaled once by d_w * d_y, Q2_K's mins through the
  * activation's sums by 16; the weight block is decoded once for all the activation rows, and
  * each row's floats are added in one order whatever the number of rows. Portable C sums the same
- * integers. kernels/qmatmul.py's qmatmul_ref is the specification. */
+ * integers (qdot.h, NEON or plain C). kernels/qmatmul.py's qmatmul_ref is the specification. */
 
 #include <stdint.h>
 
 #include "cpu_half.h"
+#include "qdot.h"
 #include "qformats.h"
 #include "qrows.h"
-
-static const int8_t iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-
-/* The 16 scales of a Q3_K super-block, each minus 32. */
-static inline void q3_k_scales(const uint8_t *s, int8_t *sc) {
-    for (int j = 0; j < 16; j++) {
-        const int lo = (j < 8 ? s[j] : s[j - 8] >> 4) & 0xF;
-        const int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-        sc[j] = (int8_t)((lo | (hi << 4)) - 32);
-    }
-}
-
-/* The 6-bit scale of sub-block ib of an IQ4_XS super-block, minus 32. */
-static inline int iq4_xs_scale(const block_iq4_xs *x, int ib) {
-    return (((x->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((x->scales_h >> (2 * ib)) & 3) << 4)) - 32;
-}
 
 #ifdef KV_AVX2
 /* Scales per int16 lane of a maddubs result over 32 elements: lo for elements 0-15, hi for 16-31. */
@@ -73,7 +58,7 @@ static inline __attribute__((always_inline)) void decode_k(int type, const uint8
     } else {
         const block_iq4_xs *x = (const block_iq4_xs *)w + i;
         *dw = half_to_float(x->d);
-        const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));
+        const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values()));
         for (int ib = 0; ib < 8; ib++) {
             wq[ib] = _mm256_shuffle_epi8(values, nibbles32(x->qs + 16 * ib));
             pw[ib] = _mm256_set1_epi16((short)iq4_xs_scale(x, ib));
@@ -122,7 +107,7 @@ static inline __attribute__((always_inline)) void rows_iq4_nl(int type, const ui
     (void)type;
     __m256 acc[8][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values));
+    const __m256i values = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4_values()));
     int64_t i = 0;
     for (; i + 1 < nb; i += 2) {
         for (int b = 0; b < 2; b++) {
@@ -144,51 +129,40 @@ static inline __attribute__((always_inline)) void rows_iq4_nl(int type, const ui
             const block_q8_0 *y = (const block_q8_0 *)act[r] + i;
             int s = 0;
             for (int j = 0; j < 16; j++)
-                s += iq4_values[x->qs[j] & 0xF] * y->qs[j] + iq4_values[x->qs[j] >> 4] * y->qs[16 + j];
+                s += iq4_values()[x->qs[j] & 0xF] * y->qs[j] + iq4_values()[x->qs[j] >> 4] * y->qs[16 + j];
             sum += half_to_float(y->d) * half_to_float(x->d) * (float)s;
         }
         out[r] = sum;
     }
 }
 #else
-/* Element e of a Q2_K, Q3_K or IQ4_XS super-block times its sub-block's scale (Q2_K: without its
- * min), as an integer. */
-static inline int scaled_k(int type, const uint8_t *w, int64_t i, int e, const int8_t *sc) {
-    const int h = e / 128, s = (e % 128) / 32, l = e % 32;
-    if (type == T_Q2_K) {
-        const block_q2_K *x = (const block_q2_K *)w + i;
-        return (x->scales[e / 16] & 0xF) * ((x->qs[32 * h + l] >> (2 * s)) & 3);
-    }
-    if (type == T_Q3_K) {
-        const block_q3_K *x = (const block_q3_K *)w + i;
-        const int q = ((x->qs[32 * h + l] >> (2 * s)) & 3) - ((x->hmask[l] >> (4 * h + s)) & 1 ? 0 : 4);
-        return sc[e / 16] * q;
-    }
-    const block_iq4_xs *x = (const block_iq4_xs *)w + i;
-    const int ib = e / 32, j = e % 32;
-    const uint8_t b = x->qs[16 * ib + j % 16];
-    return iq4_xs_scale(x, ib) * iq4_values[j < 16 ? b & 0xF : b >> 4];
-}
-
+/* NEON or portable C: the integer dots of qdot.h, each super-block's scaled in one order. */
 static inline void rows_q8_K(int type, const uint8_t *w, int64_t nb, const uint8_t *const *act, float *out,
                              const int R) {
     for (int r = 0; r < R; r++) {
         float acc = 0.0f;
         for (int64_t i = 0; i < nb; i++) {
             const block_q8_K *y = (const block_q8_K *)act[r] + i;
-            int8_t sc[16] = {0};
-            if (type == T_Q3_K) q3_k_scales(((const block_q3_K *)w + i)->scales, sc);
             int isum = 0;
-            for (int e = 0; e < QK_K; e++) isum += scaled_k(type, w, i, e, sc) * y->qs[e];
             if (type == T_Q2_K) {
                 const block_q2_K *x = (const block_q2_K *)w + i;
-                int summs = 0;
-                for (int j = 0; j < 16; j++) summs += y->bsums[j] * (x->scales[j] >> 4);
+                int dots[16], summs = 0;
+                sub_dots_q23_K(T_Q2_K, x->qs, NULL, y->qs, dots);
+                for (int g = 0; g < 16; g++) isum += (x->scales[g] & 0xF) * dots[g], summs += y->bsums[g] * (x->scales[g] >> 4);
                 acc += -y->d * half_to_float(x->dmin) * (float)summs;
                 acc += y->d * half_to_float(x->d) * (float)isum;
+            } else if (type == T_Q3_K) {
+                const block_q3_K *x = (const block_q3_K *)w + i;
+                int dots[16];
+                int8_t sc[16];
+                q3_k_scales(x->scales, sc);
+                sub_dots_q23_K(T_Q3_K, x->qs, x->hmask, y->qs, dots);
+                for (int g = 0; g < 16; g++) isum += sc[g] * dots[g];
+                acc += half_to_float(x->d) * y->d * (float)isum;
             } else {
-                const uint16_t d = type == T_Q3_K ? ((const block_q3_K *)w + i)->d : ((const block_iq4_xs *)w + i)->d;
-                acc += half_to_float(d) * y->d * (float)isum;
+                const block_iq4_xs *x = (const block_iq4_xs *)w + i;
+                for (int ib = 0; ib < 8; ib++) isum += iq4_xs_scale(x, ib) * dot_iq4(x->qs + 16 * ib, y->qs + 32 * ib);
+                acc += half_to_float(x->d) * y->d * (float)isum;
             }
         }
         out[r] = acc;
@@ -203,10 +177,7 @@ static inline void rows_iq4_nl(int type, const uint8_t *w, int64_t nb, const uin
         for (int64_t i = 0; i < nb; i++) {
             const block_iq4_nl *x = (const block_iq4_nl *)w + i;
             const block_q8_0 *y = (const block_q8_0 *)act[r] + i;
-            int s = 0;
-            for (int j = 0; j < 16; j++)
-                s += iq4_values[x->qs[j] & 0xF] * y->qs[j] + iq4_values[x->qs[j] >> 4] * y->qs[16 + j];
-            acc += half_to_float(x->d) * half_to_float(y->d) * (float)s;
+            acc += half_to_float(x->d) * half_to_float(y->d) * (float)dot_iq4(x->qs, y->qs);
         }
         out[r] = acc;
     }

@@ -13,6 +13,8 @@ from gguf.quants import quantize
 
 from kvtool.kernels import cpu_lib, qmatmul
 from kvtool.kernels.dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0
+from kvtool.kernels.qmatmul import LOWBIT_TYPES
+from tests.helpers.lowbit import random_blocks
 
 pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: the kernel is not built")
 
@@ -20,6 +22,8 @@ pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: 
 def weight(qtype: int, n_out: int, k: int, seed: int) -> torch.Tensor:
     """Raw blocks [n_out, row bytes] of a random weight of type `qtype`."""
     rng = np.random.default_rng(seed)
+    if qtype in LOWBIT_TYPES:  # random blocks with finite small scales
+        return torch.from_numpy(random_blocks(qtype, n_out, k, rng))  # type: ignore[arg-type]
     if qtype in (Q4_K, Q5_K):  # gguf cannot quantize K-quants: random blocks with small scales
         b = rng.integers(0, 256, size=(n_out * k // 256, 144 if qtype == Q4_K else 176), dtype=np.uint8)
         b[:, 0:4] = rng.uniform(1e-3, 4e-3, size=(b.shape[0], 2)).astype(np.float16).view(np.uint8)
@@ -95,8 +99,9 @@ def test_many_rows_give_a_row_the_same_bits_wherever_it_sits(lib: ctypes.CDLL, q
 def test_every_build_has_the_panel_kernel(lib: ctypes.CDLL) -> None:
     formats = (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)
     if lib is not qmatmul._lib():  # the portable build: plain C panels, no float copy of a weight
-        assert all(lib.kvq_panels(t) for t in formats)
+        assert all(lib.kvq_panels(t) for t in (*formats, *LOWBIT_TYPES))
         return
+    assert not any(lib.kvq_panels(t) for t in LOWBIT_TYPES)  # the AVX2 panels: not these formats yet
     flags = set(cpu_lib._cpu_flags().split())
     if flags >= {"avx512f", "avx512bw", "avx512_vnni"}:  # built with -march=native
         assert all(lib.kvq_panels(t) for t in formats)
@@ -104,7 +109,7 @@ def test_every_build_has_the_panel_kernel(lib: ctypes.CDLL) -> None:
         assert all(lib.kvq_panels(t) for t in formats if t != Q8_0) and not lib.kvq_panels(Q8_0)
 
 
-@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K])
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, *LOWBIT_TYPES])
 def test_portable_panels_give_the_row_kernels_bits(lib: ctypes.CDLL, qtype: int) -> None:
     """Without AVX2 (qpanel_c.c) the panel kernel adds each row's block sums in the row kernels'
     order: a prompt row has the bits the same row gets alone."""

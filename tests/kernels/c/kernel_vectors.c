@@ -57,8 +57,9 @@ static uint8_t *random_weight(const qformat *f, int64_t rows, int64_t k) {
     for (int64_t i = 0; i < nb * f->type_size; i++) w[i] = (uint8_t)next32();
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *blk = w + b * f->type_size;
-        const int off = f->type == T_Q6_K ? 208 : 0; /* d; Q4_1's m and the K-quants' dmin follow */
-        const int halves = f->type == T_Q4_1 || f->type == T_Q4_K || f->type == T_Q5_K ? 2 : 1;
+        /* d; Q4_1's m and the K-quants' dmin follow */
+        const int off = f->type == T_Q6_K ? 208 : f->type == T_Q2_K ? 80 : f->type == T_Q3_K ? 108 : 0;
+        const int halves = f->type == T_Q4_1 || f->type == T_Q4_K || f->type == T_Q5_K || f->type == T_Q2_K ? 2 : 1;
         for (int h = 0; h < halves; h++) {
             const uint16_t v = float_to_half(uniform(0.0005f, 0.02f));
             memcpy(blk + off + 2 * h, &v, 2);
@@ -67,8 +68,8 @@ static uint8_t *random_weight(const qformat *f, int64_t rows, int64_t k) {
     return w;
 }
 
-static const int TYPES[] = {T_Q4_0, T_Q4_1, T_Q5_0, T_Q8_0, T_Q4_K, T_Q5_K, T_Q6_K};
-static const char *TYPE_NAMES[] = {"q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q5_K", "q6_K"};
+static const int TYPES[] = {T_Q4_0, T_Q4_1, T_Q5_0, T_Q8_0, T_Q4_K, T_Q5_K, T_Q6_K, T_Q2_K, T_Q3_K, T_IQ4_XS, T_IQ4_NL};
+static const char *TYPE_NAMES[] = {"q4_0", "q4_1", "q5_0", "q8_0", "q4_K", "q5_K", "q6_K", "q2_K", "q3_K", "iq4_xs", "iq4_nl"};
 
 static void quantized_activations(void) {
     enum { K = 512 };
