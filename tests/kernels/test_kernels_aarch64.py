@@ -2,7 +2,8 @@
 under qemu-user: every kernel's outputs on fixed inputs (tests/kernels/c/kernel_vectors.c)
 against the portable C build of the same file on this machine: bit for bit where the NEON code
 sums the same integers and does the same float operations in the same order as the portable
-code (the block matmuls: activations, row kernels, panels; RoPE and the K/V store), within
+code (the block matmuls: activations, row kernels, panels; RoPE and the K/V store of every cache
+type; attention over quantized K and V caches, the portable code on every build), within
 TOLERANCES where it adds in another order.
 
 The cross compiler and qemu are Debian's gcc-aarch64-linux-gnu and qemu-user; a CI machine
@@ -28,7 +29,8 @@ QEMU = "qemu-aarch64"
 PACKAGES = ["gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross", "qemu-user"]
 # Cases whose NEON code adds floats in another order than the portable code: the largest
 # difference over the largest value. Attention: 4 lanes of fused multiply-adds and exp4's
-# polynomial for the scores' exponentials (the AVX2 build differs from the portable one alike);
+# polynomial for the scores' exponentials (the AVX2 build differs from the portable one alike),
+# and soft-capping, whose tanhf the C library computes differently on each architecture;
 # SwiGLU: ggml's NEON e^x in the SiLU, whose last-bit differences can move a hidden value across
 # a rounding step of its int8 quantization before the down matmul.
 TOLERANCES = {"attention_": 1e-5, "ffn_silu": 1e-2}

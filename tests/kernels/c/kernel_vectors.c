@@ -13,6 +13,7 @@
 
 #include "cpu_half.h"
 #include "cpu_kernels.h"
+#include "kv_blocks.h"
 #include "qformats.h"
 #include "qmatmul_job.h"
 #include "qrows.h"
@@ -141,11 +142,12 @@ static void ffns(void) {
     free(gu), free(dn), free(gelu);
 }
 
+static const char *KV_NAMES[KV_NTYPES] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"};
+
 static void rope_stores(void) {
     enum { N = 3, NH = 4, NHKV = 2, HD = 64, ROWS = 8 };
-    static const char *types[] = {"f32", "f16", "bf16"};
     for (int neox = 0; neox < 2; neox++)
-        for (int type = 0; type < 3; type++) {
+        for (int type = 0; type < KV_NTYPES; type++) {
             float q[N * NH * HD], k[N * NHKV * HD], v[N * NHKV * HD], cs[N * HD];
             fill_floats(q, N * NH * HD, 4.0f);
             fill_floats(k, N * NHKV * HD, 4.0f);
@@ -157,25 +159,33 @@ static void rope_stores(void) {
                 }
             uint8_t kc[ROWS * NHKV * HD * 4] = {0}, vc[ROWS * NHKV * HD * 4] = {0};
             const int64_t rows[N] = {5, 0, 3};
+            /* a quantized cache with llama.cpp's Hadamard rotation in the neox cases */
+            const int64_t rot = kv_quantized(type) && neox ? 32 : 0;
+            const int64_t ld = kv_quantized(type) ? kv_row_bytes(type, NHKV * HD) : NHKV * HD; /* elements */
             if (kvr_rope_store(q, NH * HD, NH, k, NHKV * HD, NHKV, HD, v, NHKV * HD, NHKV * HD, N, cs, HD, HD - 8, neox,
-                               kc, NHKV * HD, vc, NHKV * HD, type, rows) != 0)
+                               kc, ld, vc, ld, type, type, rot, rot, rows) != 0)
                 printf("bad rope_store\n");
             char name[64];
-            snprintf(name, sizeof(name), "rope_q_%s_neox%d", types[type], neox);
+            snprintf(name, sizeof(name), "rope_q_%s_neox%d", KV_NAMES[type], neox);
             print_floats(name, q, N * NH * HD);
-            snprintf(name, sizeof(name), "store_k_%s_neox%d", types[type], neox);
-            print_bytes(name, kc, ROWS * NHKV * HD * (type ? 2 : 4));
-            snprintf(name, sizeof(name), "store_v_%s_neox%d", types[type], neox);
-            print_bytes(name, vc, ROWS * NHKV * HD * (type ? 2 : 4));
+            snprintf(name, sizeof(name), "store_k_%s_neox%d", KV_NAMES[type], neox);
+            print_bytes(name, kc, ROWS * kv_row_bytes(type, NHKV * HD));
+            snprintf(name, sizeof(name), "store_v_%s_neox%d", KV_NAMES[type], neox);
+            print_bytes(name, vc, ROWS * kv_row_bytes(type, NHKV * HD));
         }
 }
 
-/* float -> the cache type's bits (f16, bf16 by truncation: any bits will do as inputs). */
-static void to_cache(const float *x, int64_t n, int type, uint8_t *out) {
+/* float -> the cache type's bits, row by row of n_row values (f16, bf16 by truncation: any bits
+ * will do as inputs; a quantized type: its blocks). */
+static void to_cache(const float *x, int64_t n, int64_t n_row, int type, uint8_t *out) {
+    if (kv_quantized(type)) {
+        for (int64_t r = 0; r < n / n_row; r++)
+            kvb_quantize_row(type, x + r * n_row, n_row, out + r * kv_row_bytes(type, n_row));
+        return;
+    }
     for (int64_t i = 0; i < n; i++) {
-        if (type == 0) {
-            memcpy(out + 4 * i, &x[i], 4);
-        } else {
+        if (type == 0) memcpy(out + 4 * i, &x[i], 4);
+        else {
             uint32_t u;
             memcpy(&u, &x[i], 4);
             const uint16_t h = type == 1 ? float_to_half(x[i]) : (uint16_t)(u >> 16);
@@ -184,33 +194,60 @@ static void to_cache(const float *x, int64_t n, int type, uint8_t *out) {
     }
 }
 
+/* One attention case: K of k_type, V of v_type, heads of D (a quantized type: a multiple of 32). */
+static void attention(const char *name, int k_type, int v_type, int64_t D, float softcap, int nq) {
+    enum { S = 2, H = 4, HKV = 2, NKV = 45 };
+    const int64_t nk = S * NKV * HKV * D, nqv = S * nq * H * D;
+    float *q = malloc(sizeof(float) * (size_t)nqv), *kf = malloc(sizeof(float) * (size_t)nk);
+    float *vf = malloc(sizeof(float) * (size_t)nk), *out = malloc(sizeof(float) * (size_t)nqv);
+    float mask[S * 3 * NKV];
+    uint8_t *k = malloc(sizeof(float) * (size_t)nk), *v = malloc(sizeof(float) * (size_t)nk);
+    fill_floats(q, nqv, 1.0f);
+    fill_floats(kf, nk, 1.0f);
+    fill_floats(vf, nk, 1.0f);
+    to_cache(kf, nk, D, k_type, k);
+    to_cache(vf, nk, D, v_type, v);
+    /* strides in elements of each tensor (a quantized one: bytes) */
+    const int64_t kh = kv_quantized(k_type) ? kv_row_bytes(k_type, D) : D;
+    const int64_t vh = kv_quantized(v_type) ? kv_row_bytes(v_type, D) : D;
+    for (int s = 0; s < S; s++)
+        for (int i = 0; i < nq; i++)
+            for (int c = 0; c < NKV; c++) /* causal, a hole, and stream 1's last row seeing nothing */
+                mask[(s * nq + i) * NKV + c] =
+                    (c > NKV - nq + i || c == 7 || (s == 1 && i == nq - 1 && nq > 1)) ? -INFINITY : 0.0f;
+    if (kva_attention(q, nq * H * D, H * D, D, k, NKV * HKV * kh, HKV * kh, kh, v, NKV * HKV * vh, HKV * vh, vh,
+                      k_type, v_type, mask, nq * NKV, NKV, out, S, nq, H, HKV, NKV, D, D, 0.125f, softcap) != 0)
+        printf("bad attention\n");
+    print_floats(name, out, nqv);
+    free(q), free(kf), free(vf), free(out), free(k), free(v);
+}
+
+/* Float caches (the NEON code: "attention_" cases, compared within a tolerance), and quantized
+ * ones: over a quantized K and V the same scalar code on every build, ggml's online softmax
+ * ("online_attention_" cases, bit for bit). */
 static void attentions(void) {
-    enum { S = 2, H = 4, HKV = 2, NKV = 45, D = 72, DV = 72 };
-    static const char *types[] = {"f32", "f16", "bf16"};
     static const int nqs[] = {1, 3};
-    for (int type = 0; type < 3; type++)
-        for (int qi = 0; qi < 2; qi++) {
-            const int nq = nqs[qi];
-            float q[S * 3 * H * D], kf[S * NKV * HKV * D], vf[S * NKV * HKV * DV], mask[S * 3 * NKV];
-            float out[S * 3 * H * DV];
-            uint8_t k[sizeof(kf)], v[sizeof(vf)];
-            fill_floats(q, S * nq * H * D, 1.0f);
-            fill_floats(kf, S * NKV * HKV * D, 1.0f);
-            fill_floats(vf, S * NKV * HKV * DV, 1.0f);
-            to_cache(kf, S * NKV * HKV * D, type, k);
-            to_cache(vf, S * NKV * HKV * DV, type, v);
-            for (int s = 0; s < S; s++)
-                for (int i = 0; i < nq; i++)
-                    for (int c = 0; c < NKV; c++) /* causal, a hole, and stream 1's last row seeing nothing */
-                        mask[(s * nq + i) * NKV + c] =
-                            (c > NKV - nq + i || c == 7 || (s == 1 && i == nq - 1 && nq > 1)) ? -INFINITY : 0.0f;
-            if (kva_attention(q, nq * H * D, H * D, D, k, NKV * HKV * D, HKV * D, D, v, NKV * HKV * DV, HKV * DV, DV,
-                              type, mask, nq * NKV, NKV, out, S, nq, H, HKV, NKV, D, DV, 0.125f) != 0)
-                printf("bad attention\n");
-            char name[64];
-            snprintf(name, sizeof(name), "attention_%s_nq%d", types[type], nq);
-            print_floats(name, out, S * nq * H * DV);
+    static const int pairs[][2] = {{KV_Q8_0, KV_Q8_0}, {KV_Q4_0, KV_Q4_0}, {KV_Q4_1, KV_Q5_1}, {KV_Q5_0, KV_IQ4_NL}};
+    char name[80];
+    for (int qi = 0; qi < 2; qi++) {
+        const int nq = nqs[qi];
+        for (int type = 0; type < 3; type++) {
+            snprintf(name, sizeof(name), "attention_%s_nq%d", KV_NAMES[type], nq);
+            attention(name, type, type, 72, 0.0f, nq);
         }
+        snprintf(name, sizeof(name), "attention_f16_softcap_nq%d", nq);
+        attention(name, KV_F16, KV_F16, 72, 2.0f, nq);
+        snprintf(name, sizeof(name), "attention_q8_0_f16_nq%d", nq);
+        attention(name, KV_Q8_0, KV_F16, 64, 0.0f, nq);
+        for (int p = 0; p < 4; p++) {
+            const int kt = pairs[p][0], vt = pairs[p][1];
+            snprintf(name, sizeof(name), "online_attention_%s_%s_nq%d", KV_NAMES[kt], KV_NAMES[vt], nq);
+            attention(name, kt, vt, 64, 0.0f, nq);
+        }
+        /* the C library's tanhf differs in last bits between x86-64 and aarch64: a tolerance */
+        snprintf(name, sizeof(name), "attention_q8_0_q8_0_softcap_nq%d", nq);
+        attention(name, KV_Q8_0, KV_Q8_0, 64, 2.0f, nq);
+    }
 }
 
 int main(void) {
