@@ -87,8 +87,8 @@ def batched_bench(
     if output_format not in ("md", "jsonl"):
         raise typer.BadParameter("md or jsonl", param_hint="--output-format")
     pps_list, tg_list, pl_list = _ints(npp, "-npp"), _ints(ntg, "-ntg"), _ints(npl, "-npl")
-    if min(pl_list) < 1:
-        raise typer.BadParameter("B must be at least 1", param_hint="-npl")
+    if min(pl_list) < 1 or max(pl_list) > common.values.MAX_SEQ:
+        raise typer.BadParameter(f"B must be in [1, {common.values.MAX_SEQ}]", param_hint="-npl")
     shown = common.progress_console(err, no_progress)
     m = common.load_model(load, shown)
     n_threads = kvtool.set_n_threads()  # no argument: changes nothing, tells the threads -t set

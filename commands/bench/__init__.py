@@ -16,7 +16,7 @@ from kvtool.commands import app, common
 from kvtool.commands.bench.logic import BenchTest, Instance, bench_tests, run_bench_test
 from kvtool.commands.bench.report import Printer, record
 from kvtool.commands.common.sizes import kv_size_lines
-from kvtool.commands.common.values import parse_int_list
+from kvtool.commands.common.values import INT_MAX, MAX_LIST, MAX_THREADS, parse_int_list
 from kvtool.common import registry
 
 if TYPE_CHECKING:
@@ -25,13 +25,17 @@ if TYPE_CHECKING:
 err = common.text.lazy_console(stderr=True)
 
 
-def _ints(text: list[str], flag: str, lo: int = 0) -> list[int]:
+def _ints(text: list[str], flag: str, lo: int = 0, hi: int = INT_MAX) -> list[int]:
     try:
         values = [v for t in text for v in parse_int_list(t)]
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint=flag) from e
+    if len(values) > MAX_LIST:
+        raise typer.BadParameter(f"lists more than {MAX_LIST} values", param_hint=flag)
     if values and min(values) < lo:  # parse_int_list reads no negative number
         raise typer.BadParameter(f"must be >= {lo}, got {min(values)}", param_hint=flag)
+    if values and max(values) > hi:
+        raise typer.BadParameter(f"must be <= {hi}, got {max(values)}", param_hint=flag)
     return values
 
 
@@ -141,7 +145,7 @@ def bench(
         "n_ubatch": _ints(n_ubatch or ["512"], "-ub", 1),
         "type_k": [t for x in type_k or ["f16"] for t in x.split(",")],
         "type_v": [t for x in type_v or ["f16"] for t in x.split(",")],
-        "n_threads": _ints(threads, "-t", 1) if threads else [kvtool.set_n_threads()],
+        "n_threads": _ints(threads, "-t", 1, MAX_THREADS) if threads else [kvtool.set_n_threads()],
         "n_depth": _ints(n_depth or ["0"], "-d"),
     }
     for fa in flash_attn or []:

@@ -32,7 +32,8 @@ UBatchOpt = Annotated[
     int, typer.Option("-ub", "--ubatch-size", help="Physical batch size.", callback=values.bounds(1))
 ]
 ThreadsOpt = Annotated[
-    int | None, typer.Option("-t", "--threads", help="CPU threads.", callback=values.bounds(1))
+    int | None,
+    typer.Option("-t", "--threads", help="CPU threads.", callback=values.bounds(1, values.MAX_THREADS)),
 ]
 ThreadsBatchOpt = Annotated[
     int | None,
@@ -40,7 +41,7 @@ ThreadsBatchOpt = Annotated[
         "-tb",
         "--threads-batch",
         help="CPU threads for prompts (ubatches of many tokens); default: as -t.",
-        callback=values.bounds(1),
+        callback=values.bounds(1, values.MAX_THREADS),
     ),
 ]
 FlashAttnOpt = Annotated[

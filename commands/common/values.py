@@ -10,12 +10,18 @@ from typing import Any
 
 import typer
 
-_RANGE = re.compile(r"^(\d+)(?:-(\d+)(?:([+*])(\d+))?)?$")
+_RANGE = re.compile(r"^(\d{1,19})(?:-(\d{1,19})(?:([+*])(\d{1,19}))?)?$")
+
+INT_MAX = 2**31 - 1  # llama.cpp reads these flags as C ints (std::stoi)
+MAX_THREADS = 512  # GGML_MAX_N_THREADS; kvtool.set_n_threads refuses more
+MAX_SEQ = 64  # sequences a context holds (kvtool.ContextParams.n_seq_max)
+MAX_LIST = 1024  # values one benchmark flag may list: a sweep, not an allocation
 
 
 def parse_int_list(text: str) -> list[int]:
     """llama-bench's value lists: comma-separated items, each `N` or a range `first-last[+step|*step]`
-    ("128,256", "1-4" -> 1,2,3,4, "64-512*2" -> 64,128,256,512)."""
+    ("128,256", "1-4" -> 1,2,3,4, "64-512*2" -> 64,128,256,512). Values are C ints; a range that
+    lists nothing (512-128) or more than MAX_LIST values in all is refused before it is built."""
     out: list[int] = []
     for item in text.split(","):
         m = _RANGE.match(item.strip())
@@ -24,23 +30,34 @@ def parse_int_list(text: str) -> list[int]:
         first = int(m[1])
         last = int(m[2]) if m[2] else first
         op, step = m[3] or "+", int(m[4]) if m[4] else 1
+        if max(first, last, step) > INT_MAX:
+            raise ValueError(f"'{item}': values must be at most {INT_MAX}")
+        if last < first:
+            raise ValueError(f"range '{item}' lists nothing (its last value is below its first)")
+        if (op == "+" and step < 1) or (op == "*" and (step < 2 or first < 1)):
+            raise ValueError(f"range '{item}' does not advance")
+        if op == "+" and len(out) + (last - first) // step + 1 > MAX_LIST:  # counted before it is built
+            raise ValueError(f"'{text}' lists more than {MAX_LIST} values")
         i = first
-        while i <= last:
+        while i <= last:  # a product range lists at most 31 values
             out.append(i)
-            nxt = i + step if op == "+" else i * step
-            if nxt <= i:
-                raise ValueError(f"range '{item}' does not advance")
-            i = nxt
+            i = i + step if op == "+" else i * step
+        if len(out) > MAX_LIST:
+            raise ValueError(f"'{text}' lists more than {MAX_LIST} values")
     return out
+
+
+def _num(v: float) -> str:
+    return str(v) if isinstance(v, int) else f"{v:g}"
 
 
 def _describe(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
     if lo is not None and hi is not None:
-        return f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        return f"in {'(' if lo_open else '['}{_num(lo)}, {_num(hi)}{')' if hi_open else ']'}"
     if lo is not None:
-        return f"{'>' if lo_open else '>='} {lo:g}"
+        return f"{'>' if lo_open else '>='} {_num(lo)}"
     if hi is not None:
-        return f"{'<' if hi_open else '<='} {hi:g}"
+        return f"{'<' if hi_open else '<='} {_num(hi)}"
     return "a finite number"
 
 

@@ -27,6 +27,11 @@ if TYPE_CHECKING:  # the simulator loads numpy: imported when the verb runs, not
 
 MAX_SEQ = 64  # KVCells' sequence bitset
 PNG = files.FileKind("a PNG image", rb"\x89PNG", "the figure")
+# what one run simulates at most: its memory grows with each (numpy arrays per cell and per
+# step, Python objects per request)
+MAX_CELLS = 1 << 20
+MAX_REQUESTS = 200_000
+MAX_STEPS = 10_000_000
 
 
 def _len_dist(text: str, flag: str) -> LengthDist:
@@ -56,7 +61,8 @@ def defrag_sim(
         ),
     ] = 32,
     requests: Annotated[
-        int, typer.Option("--requests", help="Synthetic: requests in total.", callback=bounds(1))
+        int,
+        typer.Option("--requests", help="Synthetic: requests in total.", callback=bounds(1, MAX_REQUESTS)),
     ] = 1000,
     arrival: Annotated[
         str, typer.Option("--arrival", help="Synthetic: closed (a free client starts at once) or poisson.")
@@ -83,7 +89,7 @@ def defrag_sim(
             "--ctx-size",
             "--n-ctx",
             help="KV cells in all (default: the trace's, else 32768).",
-            callback=bounds(1),
+            callback=bounds(1, MAX_CELLS),
         ),
     ] = None,
     seed: Annotated[int, typer.Option("-s", "--seed", help="Synthetic: the workload's seed.")] = 42,
@@ -170,6 +176,13 @@ def defrag_sim(
     )
     kv_unified = recorded if kv_unified is None else kv_unified
     _check(n_ctx >= w.n_seq, f"{n_ctx} cells cannot hold {w.n_seq} streams", "-c")
+    _check(n_ctx <= MAX_CELLS, f"the trace's {n_ctx} cells are more than {MAX_CELLS} (set -c)", "--trace")
+    _check(
+        w.n_steps <= MAX_STEPS,
+        f"the workload runs {w.n_steps:,} decode steps, more than {MAX_STEPS:,} "
+        "(fewer requests or shorter answers)",
+        "--trace" if trace is not None else "--requests",
+    )
     _check(n_ub >= 1, "must be >= 1", "-ub")
     geo = Geometry(n_ctx, w.n_seq, kv_unified, n_ub)
     _check(
@@ -274,7 +287,10 @@ def _workload(
         except TraceError as e:
             raise typer.BadParameter(str(e), param_hint="--trace") from None
         _check(w.n_seq <= MAX_SEQ, f"at most {MAX_SEQ} sequences", "--trace")
-        n_ub = ubatch or int(header.get("n_ubatch", 512))
+        n_ub = ubatch or header.get("n_ubatch", 512)
+        _check(
+            isinstance(n_ub, int) and n_ub >= 1, "the header's n_ubatch is not a positive integer", "--trace"
+        )
         return w, n_ctx or int(header["n_ctx"]), n_ub, bool(header.get("kv_unified", True))
     _check(arrival in ("closed", "poisson"), "expected closed or poisson", "--arrival")
     n = n_ctx or 32768

@@ -14,7 +14,9 @@ a removal from every sequence (seq_rm(-1, ...)) is one `free` per sequence.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -27,6 +29,8 @@ if TYPE_CHECKING:  # the engine's classes load torch: a replay needs none of it
     from kvtool import Batch, Context
 
 VERSION = 1
+MAX_LINE = 4096  # bytes of one event or header line (kvtool writes under 200)
+MAX_EVENTS = 5_000_000  # lines: a simulation's memory grows with its events
 
 
 class TraceRecorder:
@@ -135,16 +139,36 @@ class TraceError(ValueError):
 
 
 def read_trace(path: Path) -> tuple[Workload, dict[str, Any]]:
-    """The trace's ops (runs of one-token steps merged) and its header."""
+    """The trace's ops (runs of one-token steps merged) and its header. Read a line at a
+    time, each bounded (a device, a FIFO or a file that is no trace is refused at its first
+    line, not read whole)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        with open(path, "rb") as f:
+            return _read(path, _lines(path, f))
     except OSError as e:
         raise TraceError(f"cannot read {path}: {e.strerror}") from None
-    except UnicodeDecodeError as e:  # a trace is JSON lines kvtool wrote: not text, not a trace
-        raise TraceError(f"{path} is not a trace: byte {e.start} is not UTF-8") from None
-    if not lines:
+
+
+def _lines(path: Path, f: BinaryIO) -> Iterator[str]:
+    for i in itertools.count(1):
+        raw = f.readline(MAX_LINE + 1)
+        if not raw:
+            return
+        if len(raw) > MAX_LINE:
+            raise TraceError(f"{path}:{i}: a line longer than {MAX_LINE} bytes: not a trace")
+        if i > MAX_EVENTS:
+            raise TraceError(f"{path}: more than {MAX_EVENTS:,} events: too long to simulate")
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError:  # a trace is JSON lines kvtool wrote: not text, not a trace
+            raise TraceError(f"{path}:{i}: not a trace (not UTF-8 text)") from None
+
+
+def _read(path: Path, lines: Iterator[str]) -> tuple[Workload, dict[str, Any]]:
+    first = next(lines, None)
+    if first is None:
         raise TraceError(f"{path} is empty")
-    header = _parse(path, 1, lines[0])
+    header = _parse(path, 1, first)
     if header.get("kvtool_trace") != VERSION:
         raise TraceError(f"{path}:1: not a kvtool trace (version {VERSION} header expected)")
     for key in ("n_ctx", "n_seq"):
@@ -155,7 +179,7 @@ def read_trace(path: Path) -> tuple[Workload, dict[str, Any]]:
     step = -1
     n_requests = 0
     started: set[int] = set()  # sequences inside a request (allocated since their last free)
-    for i, line in enumerate(lines[1:], 2):
+    for i, line in enumerate(lines, 2):
         if not line.strip():
             continue
         ev = _parse(path, i, line)
@@ -200,6 +224,8 @@ def _parse(path: Path, i: int, line: str) -> dict[str, Any]:
         d = json.loads(line)
     except json.JSONDecodeError as e:
         raise TraceError(f"{path}:{i}: not JSON ({e.msg})") from None
+    except RecursionError:  # a line of a few thousand brackets
+        raise TraceError(f"{path}:{i}: JSON nested too deeply: not a trace") from None
     if not isinstance(d, dict):
         raise TraceError(f"{path}:{i}: not a JSON object")
     return d

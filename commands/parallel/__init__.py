@@ -22,7 +22,7 @@ import kvtool
 from kvtool.commands import app, common
 from kvtool.commands.defrag_sim.names import TRACE_KIND
 from kvtool.commands.parallel.http import HttpParallelSim
-from kvtool.commands.parallel.prompts import QUESTIONS, SYSTEM_PROMPT, read_prompts
+from kvtool.commands.parallel.prompts import MAX_JUNK, QUESTIONS, SYSTEM_PROMPT, read_prompts
 from kvtool.commands.parallel.sim import Client, ParallelParams, ParallelSim, ParallelSummary, RequestRecord
 from kvtool.common import files
 
@@ -110,10 +110,22 @@ _JSON_KIND = files.FileKind("a kvtool parallel summary", rb'\{\s*"mode"', "the s
 def parallel(
     load: common.LoadFlags = common.LoadFlags(),
     n_parallel: Annotated[
-        int, typer.Option("-np", "--parallel", help="Simultaneous clients.", callback=common.values.bounds(1))
+        int,
+        typer.Option(
+            "-np",
+            "--parallel",
+            help="Simultaneous clients (each a sequence, beside the system prompt's).",
+            callback=common.values.bounds(1, common.values.MAX_SEQ - 1),
+        ),
     ] = 1,
     n_sequences: Annotated[
-        int, typer.Option("-ns", "--sequences", help="Requests in total.", callback=common.values.bounds(0))
+        int,
+        typer.Option(
+            "-ns",
+            "--sequences",
+            help="Requests in total.",
+            callback=common.values.bounds(0, common.values.INT_MAX),
+        ),
     ] = 1,
     n_predict: Annotated[
         int,
@@ -132,7 +144,9 @@ def parallel(
     ] = False,
     junk: Annotated[
         int,
-        typer.Option("--junk", help="Up to N-1 filler turns per prompt.", callback=common.values.bounds(0)),
+        typer.Option(
+            "--junk", help="Up to N-1 filler turns per prompt.", callback=common.values.bounds(0, MAX_JUNK)
+        ),
     ] = 1,
     file: Annotated[Path | None, typer.Option("-f", "--file", help="Questions, one per line.")] = None,
     system_file: Annotated[

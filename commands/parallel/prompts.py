@@ -65,19 +65,38 @@ JUNK = (
     ("How many days are in a leap year?", "A leap year has 366 days."),
 )
 
+MAX_JUNK = 10_000  # --junk: more filler turns than any context holds (each is ~25 tokens)
+
 Request = tuple[str, int, list[tuple[str, str]]]
 
 
-def pick_requests(prompts: Sequence[str], n_sequences: int, n_junk: int, seed: int) -> list[Request]:
-    """The question, junk count and junk turns of every request, drawn in request order (a
-    fixed seed, like llama-parallel's srand(1234), so runs are comparable)."""
-    rng = random.Random(seed)
-    out: list[Request] = []
-    for _ in range(n_sequences):
-        question = prompts[rng.randrange(len(prompts))]
-        k = rng.randrange(max(1, n_junk))
-        out.append((question, k, [JUNK[rng.randrange(len(JUNK))] for _ in range(k)]))
-    return out
+class Requests:
+    """The question, junk count and junk turns of each request, drawn in request order (a
+    fixed seed, like llama-parallel's srand(1234), so runs are comparable) as the run reaches
+    them: -ns sets how many may be asked for, not what is built up front."""
+
+    def __init__(self, prompts: Sequence[str], n_sequences: int, n_junk: int, seed: int) -> None:
+        self._prompts, self._n, self._n_junk = prompts, n_sequences, n_junk
+        self._rng = random.Random(seed)
+        self._drawn: list[Request] = []
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> Request:
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        rng = self._rng
+        while len(self._drawn) <= i:
+            question = self._prompts[rng.randrange(len(self._prompts))]
+            k = rng.randrange(max(1, self._n_junk))
+            self._drawn.append((question, k, [JUNK[rng.randrange(len(JUNK))] for _ in range(k)]))
+        return self._drawn[i]
+
+
+def pick_requests(prompts: Sequence[str], n_sequences: int, n_junk: int, seed: int) -> Requests:
+    """The requests of a run (see `Requests`)."""
+    return Requests(prompts, n_sequences, n_junk, seed)
 
 
 def read_prompts(text: str) -> list[str]:

@@ -178,7 +178,7 @@ def run(
             "-np",
             "--parallel",
             help="Conversations in memory at once (default: 4 with --store).",
-            callback=common.values.bounds(1),
+            callback=common.values.bounds(1, common.values.MAX_SEQ),
         ),
     ] = None,
 ) -> None:

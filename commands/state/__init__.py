@@ -32,7 +32,7 @@ SeqOpt = Annotated[
     typer.Option(
         "--seq",
         help="Save/restore one sequence (a sequence state) instead of all.",
-        callback=common.values.bounds(0),
+        callback=common.values.bounds(0, common.values.MAX_SEQ - 1),
     ),
 ]
 
@@ -90,7 +90,9 @@ def load(
     seq: Annotated[
         int | None,
         typer.Option(
-            "--seq", help="Sequence to continue (default: the saved one).", callback=common.values.bounds(0)
+            "--seq",
+            help="Sequence to continue (default: the saved one).",
+            callback=common.values.bounds(0, common.values.MAX_SEQ - 1),
         ),
     ] = None,
     temp: common.options.TempOpt = 0.0,

@@ -127,9 +127,20 @@ def test_context_must_have_a_sequence_per_client(tiny_llama: kvtool.Model) -> No
 
 
 def test_requests_are_drawn_reproducibly() -> None:
-    a = pick_requests(QUESTIONS, 20, 3, 1234)
-    assert a == pick_requests(QUESTIONS, 20, 3, 1234)
+    a = list(pick_requests(QUESTIONS, 20, 3, 1234))
+    assert a == list(pick_requests(QUESTIONS, 20, 3, 1234))
     assert {q for q, _, _ in a} <= set(QUESTIONS)
     assert all(0 <= k < 3 and len(junk) == k for _, k, junk in a)
     assert all(k == 0 for _, k, _ in pick_requests(QUESTIONS, 20, 1, 1234))  # -j 1: no junk
     assert read_prompts("first?\n\n  second? \n") == ["first?", "second?"]
+
+
+def test_requests_are_drawn_as_the_run_reaches_them() -> None:
+    """-ns 10**12 built a list of every request before the first was sent (issue 28, item 5):
+    a request is drawn when it is asked for, the same draws in the same order."""
+    many = pick_requests(QUESTIONS, 10**12, 10_000, 1234)
+    assert len(many) == 10**12
+    few = list(pick_requests(QUESTIONS, 5, 10_000, 1234))
+    assert [many[i] for i in (0, 1, 2, 3, 4)] == few and many[4] is many[4]
+    with pytest.raises(IndexError):
+        many[10**12]
