@@ -10,6 +10,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from kvtool.checks import POS_END, as_int
 from kvtool.errors import KvtoolError
 
 
@@ -37,10 +38,14 @@ class Batch:
     def add(
         self, token: int, pos: int | None = None, seq_ids: Sequence[int] = (0,), logits: bool = False
     ) -> None:
-        """Append one token (llama.cpp's common_batch_add)."""
-        self.tokens.append(int(token))
-        self.pos.append(None if pos is None else int(pos))
-        self.seq_ids.append(tuple(int(s) for s in seq_ids))
+        """Append one token (llama.cpp's common_batch_add). A token, a position or a sequence id
+        that is not an int is a TypeError; their ranges are checked when the batch is decoded."""
+        if isinstance(seq_ids, str | bytes) or not isinstance(seq_ids, Sequence):
+            raise TypeError(f"seq_ids must be a sequence of ints, got {type(seq_ids).__name__}")
+        sids = tuple(as_int(s, "a sequence id") for s in seq_ids)
+        self.tokens.append(as_int(token, "a token id"))
+        self.pos.append(None if pos is None else as_int(pos, "a position"))
+        self.seq_ids.append(sids)
         self.logits.append(bool(logits))
 
     @classmethod
@@ -109,21 +114,44 @@ class PositionSource(Protocol):
 _LOOP_MAX = 16  # batches up to this size are validated token by token
 
 
+def _ints(values: Sequence[object], what: str) -> np.ndarray:
+    """`values` (a Batch field) as int64; a value that is not an int is a TypeError, one past
+    int64 a DecodeError."""
+    try:
+        arr = np.asarray(values)
+    except (OverflowError, ValueError):
+        arr = np.asarray(values, dtype=object)
+    if arr.dtype.kind not in "iu" or arr.ndim != 1:
+        for v in values:
+            as_int(v, f"a batch's {what}")  # names the first that is not an int
+        raise DecodeError(f"a batch's {what} is out of range", -1)  # ints past int64
+    if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
+        raise DecodeError(f"a batch's {what} is out of range", -1)
+    return arr.astype(np.int64)
+
+
 class BatchAllocator:
     """Validates a batch, fills positions from memory, and cuts it into micro-batches."""
 
     def __init__(self, batch: Batch, n_vocab: int, n_seq_max: int, memory: PositionSource | None) -> None:
+        if not isinstance(batch, Batch):
+            raise TypeError(f"decode takes a kvtool.Batch, got {type(batch).__name__}")
         n = len(batch)
         if n == 0:
             raise DecodeError("empty batch", -1)
-        toks = np.asarray(batch.tokens, dtype=np.int64)
+        sizes = {len(batch.pos), len(batch.seq_ids), len(batch.logits)}
+        if sizes != {n}:  # a Batch built field by field
+            raise DecodeError(
+                f"batch of {n} tokens has {sorted(sizes)} positions, sequence sets, outputs", -1
+            )
+        toks = _ints(batch.tokens, "token")
         bad = np.flatnonzero((toks < 0) | (toks >= n_vocab))
         if bad.size:
             raise DecodeError(f"invalid token[{bad[0]}] = {toks[bad[0]]} (n_vocab {n_vocab})", -1)
         if n_seq_max > 64:
             raise DecodeError(f"n_seq_max = {n_seq_max} > 64", -1)
         if set(map(len, batch.seq_ids)) == {1}:  # one sequence per token: checked as arrays
-            seq = np.array(batch.seq_ids, dtype=np.int64).reshape(n)
+            seq = _ints([s for (s,) in batch.seq_ids], "seq_id")
             bad = np.flatnonzero((seq < 0) | (seq >= n_seq_max))
             if bad.size:
                 i = int(bad[0])
@@ -136,7 +164,7 @@ class BatchAllocator:
                 if not sids:
                     raise DecodeError(f"token {i} belongs to no sequence", -1)
                 for s in sids:
-                    if not 0 <= s < n_seq_max:
+                    if not 0 <= as_int(s, "a sequence id") < n_seq_max:
                         raise DecodeError(f"invalid seq_id[{i}] = {s} (n_seq_max = {n_seq_max})", -1)
             self.seq_id = np.array([s[0] for s in batch.seq_ids], dtype=np.int32)
             self.seq_mask = np.array(
@@ -164,7 +192,12 @@ class BatchAllocator:
     def _positions(batch: Batch, memory: PositionSource | None) -> np.ndarray:
         n_missing = batch.pos.count(None)
         if n_missing == 0:
-            return np.asarray(batch.pos, dtype=np.int32)
+            pos = _ints(batch.pos, "pos")
+            bad = np.flatnonzero((pos < 0) | (pos >= POS_END))
+            if bad.size:
+                i = int(bad[0])
+                raise DecodeError(f"invalid pos[{i}] = {pos[i]} (positions are in [0, {POS_END}))", -1)
+            return pos.astype(np.int32)
         if n_missing < len(batch.pos):
             raise DecodeError("batch mixes given and missing positions", -1)
         nxt: dict[int, int] = {}
@@ -173,6 +206,8 @@ class BatchAllocator:
             s0 = sids[0]
             if s0 not in nxt:
                 nxt[s0] = memory.seq_pos_max(s0) + 1 if memory is not None else 0
+            if nxt[s0] >= POS_END:
+                raise DecodeError(f"sequence {s0} is at the last position ({POS_END - 1})", -1)
             out[i] = nxt[s0]
             for s in sids:
                 nxt[s] = out[i] + 1

@@ -12,6 +12,7 @@ import torch
 
 from kvtool import graphs
 from kvtool.batch import Batch, BatchAllocator, DecodeError
+from kvtool.checks import as_int
 from kvtool.device import resolve_device
 from kvtool.errors import KvtoolError
 from kvtool.kernels.kv_quant import kv_type
@@ -64,7 +65,9 @@ class ContextParams:
     def check(self) -> DefragPolicy:
         """Raises KvtoolError naming the first parameter no context can have (before a model is
         needed: a tool checks its whole sweep before it prints or loads anything); returns the
-        compaction policy `defrag` names."""
+        compaction policy `defrag` names. A field of the wrong type is a TypeError."""
+        for name in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_rs_seq", "defrag_max_moves"):
+            as_int(getattr(self, name), f"ContextParams.{name}")
         if not 1 <= self.n_seq_max <= 64:
             raise KvtoolError(f"n_seq_max must be between 1 and 64, got {self.n_seq_max}")
         if self.n_ctx < 0:
@@ -137,6 +140,8 @@ class Context:
 
     def __init__(self, model: Model, params: ContextParams | None = None) -> None:
         p = params or ContextParams()
+        if not isinstance(p, ContextParams):
+            raise TypeError(f"params must be a kvtool.ContextParams, got {type(p).__name__}")
         layout = _layout(model, p)
         self.defrag = layout.memory.defrag
         self.device = torch.device(layout.memory.device)
@@ -219,13 +224,15 @@ class Context:
         return self._logits
 
     def logits_ith(self, i: int) -> torch.Tensor:
-        """The logits row of batch token i (negative: counted from the last output)."""
+        """The logits row of batch token i (negative: counted from the last output). A token
+        without logits is a KvtoolError."""
+        i = as_int(i, "logits_ith's index")
         if i < 0:
             if -i > len(self._logits):
-                raise IndexError(f"no output {i}")
+                raise KvtoolError(f"no output {i}: the last batch had {len(self._logits)}")
             return self._logits[len(self._logits) + i]
         if i >= len(self._out_row) or self._out_row[i] < 0:
-            raise IndexError(f"batch token {i} has no logits (it was not flagged as an output)")
+            raise KvtoolError(f"batch token {i} has no logits (it was not flagged as an output)")
         return self._logits[int(self._out_row[i])]
 
     # -- memory shortcuts -----------------------------------------------------------------------

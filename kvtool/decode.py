@@ -8,8 +8,10 @@ from collections.abc import Sequence
 import torch
 
 from kvtool.batch import Batch
+from kvtool.checks import POS_END, as_int
 from kvtool.context import Context
 from kvtool.errors import KvtoolError
+from kvtool.memory.base import SeqAdd, SeqRm
 
 
 class ContextFullError(KvtoolError):
@@ -82,11 +84,18 @@ def context_shift(ctx: Context, seq: int, n_keep: int, n_discard: int) -> None:
     """llama.cpp's context shift: removes positions [n_keep, n_keep + n_discard) of `seq` and
     moves every later position down by n_discard (the memory re-rotates their K at its next
     update, before the next decode). Raises KvtoolError, changing nothing, when the memory
-    cannot move positions (a recurrent state, a window cache smaller than the context)."""
+    cannot move positions (a recurrent state, a window cache smaller than the context) or the
+    arguments are out of range."""
     if not ctx.memory.can_shift():
         raise KvtoolError("this model's memory cannot shift positions (no context shift)")
-    if n_keep < 0 or n_discard < 1:
-        raise ValueError(f"a context shift needs n_keep >= 0 and n_discard >= 1, got {n_keep}, {n_discard}")
+    if not 0 <= as_int(n_keep, "n_keep") < POS_END or not 1 <= as_int(n_discard, "n_discard") < POS_END:
+        raise KvtoolError(
+            f"a context shift needs 0 <= n_keep and 1 <= n_discard, below {POS_END}: "
+            f"got {n_keep}, {n_discard}"
+        )
     n_past = ctx.memory.seq_pos_max(seq) + 1
-    ctx.memory.seq_rm(seq, n_keep, n_keep + n_discard)
-    ctx.memory.seq_add(seq, n_keep + n_discard, n_past, -n_discard)
+    # both planned before either is applied: a refused move leaves the discarded tokens in place
+    rm = ctx.memory.plan(SeqRm(seq, n_keep, n_keep + n_discard))
+    add = ctx.memory.plan(SeqAdd(seq, n_keep + n_discard, n_past, -n_discard))
+    rm()
+    add()

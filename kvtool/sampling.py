@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from kvtool.checks import as_int
 from kvtool.errors import KvtoolError
 from kvtool.sampler_stages import (
     Candidates,
@@ -100,7 +101,14 @@ class SamplerParams:
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
 
     def check(self) -> None:
-        """Raises KvtoolError naming the first parameter that has no meaning."""
+        """Raises KvtoolError naming the first parameter that has no meaning (TypeError for
+        one of the wrong type)."""
+        for name in ("seed", "top_k", "repeat_last_n", "min_keep"):
+            as_int(getattr(self, name), f"sampler: {name}")
+        for name in ("temp", "top_p", "min_p", "typical_p", "repeat_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise TypeError(f"sampler: {name} must be a number, got {type(v).__name__}")
         for name in ("temp", "top_p", "min_p", "typical_p", "repeat_penalty", "frequency_penalty"):
             if not math.isfinite(getattr(self, name)):
                 raise KvtoolError(f"sampler: {name} must be a finite number, got {getattr(self, name)}")
@@ -114,6 +122,9 @@ class SamplerParams:
             raise KvtoolError(f"sampler: repeat_last_n must be >= -1, got {self.repeat_last_n}")
         if self.min_keep < 0:
             raise KvtoolError(f"sampler: min_keep must be >= 0, got {self.min_keep}")
+        for name in ("top_k", "repeat_last_n", "min_keep"):  # a window or a count: past any vocabulary
+            if getattr(self, name) >= 2**31:
+                raise KvtoolError(f"sampler: {name} must be below 2**31, got {getattr(self, name)}")
         sampler_order(self.samplers)
 
 
@@ -182,7 +193,11 @@ class Sampler:
             self.accept(t)
 
     def accept(self, token: int) -> None:
-        """Record ``token`` in the penalty window (the last ``repeat_last_n`` accepted tokens)."""
+        """Record ``token`` in the penalty window (the last ``repeat_last_n`` accepted tokens).
+        A token id that is not an int is a TypeError, a negative one a KvtoolError."""
+        token = as_int(token, "an accepted token")
+        if token < 0:
+            raise KvtoolError(f"sampler: accepted token {token} is not a token id")
         if self._params.repeat_last_n == 0:
             return
         if self._history.maxlen is not None and len(self._history) == self._history.maxlen:
@@ -195,9 +210,16 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor) -> int:
         """Pick a token id from a float ``[n_vocab]`` logits row (any device; the caller's row
-        is not modified). The math and the draw run on CPU, so a seed reproduces across devices."""
+        is not modified). The math and the draw run on CPU, so a seed reproduces across devices.
+        Anything but a 1-D floating-point tensor is refused: a TypeError for another type, a
+        KvtoolError for another shape (a batch of rows would be read as one long row)."""
+        if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+            what = f"a {logits.dtype} tensor" if isinstance(logits, torch.Tensor) else type(logits).__name__
+            raise TypeError(f"sampler: logits must be a floating-point torch tensor, got {what}")
+        if logits.dim() != 1:
+            raise KvtoolError(f"sampler: logits must be one row [n_vocab], got shape {list(logits.shape)}")
         p = self._params
-        row = logits.detach().reshape(-1).to("cpu", torch.float32)
+        row = logits.detach().to("cpu", torch.float32)
         _check_logits(row)
         if self._all_ids.numel() != row.numel():
             self._all_ids = torch.arange(row.numel())

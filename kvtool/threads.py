@@ -5,19 +5,23 @@ from __future__ import annotations
 
 from kvtool.errors import KvtoolError
 
+MAX_THREADS = 512  # GGML_MAX_N_THREADS: OpenMP aborts or crashes with tens of thousands
+
 _n_threads: int | None = None  # what the application set, or torch's count when first asked
 _n_threads_batch: int | None = None  # for ubatches of many rows (prompts); None: as _n_threads
 
 
 def set_n_threads(n: int | None = None, n_batch: int | None = None) -> int:
-    """Sets the threads decodes compute with (n > 0; None or 0 keeps the current number) and
-    returns that number: torch's threads and the compiled kernels' pool. `n_batch` sets those
-    that ubatches of many rows (prompts) compute with, as llama_set_n_threads' n_threads_batch
-    (llama.cpp's -tb); by default they are the same."""
+    """Sets the threads decodes compute with (0 < n <= MAX_THREADS; None or 0 keeps the current
+    number) and returns that number: torch's threads and the compiled kernels' pool. `n_batch`
+    sets those that ubatches of many rows (prompts) compute with, as llama_set_n_threads'
+    n_threads_batch (llama.cpp's -tb); by default they are the same."""
     global _n_threads, _n_threads_batch
     for value in (n, n_batch):
-        if value is not None and value < 0:
-            raise KvtoolError(f"the number of threads must be positive, got {value}")
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise TypeError(f"the number of threads is an int, got {type(value).__name__}")
+        if value is not None and not 0 <= value <= MAX_THREADS:
+            raise KvtoolError(f"the number of threads must be in [1, {MAX_THREADS}], got {value}")
     if n_batch:
         _n_threads_batch = n_batch
     import torch  # here, not at import: `kvtool --help` must not load torch

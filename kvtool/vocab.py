@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvtool.errors import TokenizerError
+from kvtool.checks import as_int
+from kvtool.errors import KvtoolError, TokenizerError
 from kvtool.vocab_bpe import BYTE_DECODER, ByteLevelBpe, bpe_pre
 from kvtool.vocab_special import SPECIAL_KEYS, Attr, SpecialSplitter, complete_specials, token_attrs
 from kvtool.vocab_spm import SpmMerger
@@ -159,6 +160,8 @@ class Vocab:
 
         add_special adds BOS/EOS when the model asks for them; parse_special turns control-token
         texts (`<|im_start|>`, `<bos>`) into their ids. User-defined tokens are always parsed."""
+        if not isinstance(text, str):
+            raise TypeError(f"tokenize takes a str, got {type(text).__name__}")
         out: list[int] = []
         if add_special and self.add_bos:
             out.append(self.bos)  # type: ignore[arg-type]  # checked at load
@@ -183,8 +186,8 @@ class Vocab:
         """The bytes a token stands for, like llama_token_to_piece (may be partial UTF-8).
 
         Control and unknown tokens render their text only when `special` is true."""
-        if not 0 <= token < self.n_vocab:
-            raise ValueError(f"token id {token} out of range [0, {self.n_vocab})")
+        if not 0 <= as_int(token, "a token id") < self.n_vocab:
+            raise KvtoolError(f"token id {token} out of range [0, {self.n_vocab})")
         if not special and self._attrs[token] & _HIDDEN:
             return b""
         piece = self._pieces.get(token)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kvtool.checks import POS_END, as_int
 from kvtool.errors import KvtoolError
 
 if TYPE_CHECKING:
@@ -46,20 +47,33 @@ class MemoryRefused(KvtoolError):
 
 
 # -- sequence operations (llama_memory_seq_*): negative p0/p1 are open bounds -------------------
+class _IntFields:
+    """Checks an operation's int fields as it is made: a float or a string is a TypeError, a
+    shift or divisor past a position's range is refused, before any memory plans it."""
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            object.__setattr__(self, name, as_int(value, f"{type(self).__name__}.{name}"))
+        for name in ("delta", "d"):
+            v = getattr(self, name, 0)
+            if abs(v) >= POS_END:
+                raise MemoryRefused(f"{name} = {v} is past a position's range ({POS_END})")
+
+
 @dataclass(frozen=True)
 class Clear:
     data: bool  # also zero the tensors
 
 
 @dataclass(frozen=True)
-class SeqRm:
+class SeqRm(_IntFields):
     seq_id: int  # < 0: every sequence
     p0: int
     p1: int
 
 
 @dataclass(frozen=True)
-class SeqCp:
+class SeqCp(_IntFields):
     src: int
     dst: int
     p0: int
@@ -67,12 +81,12 @@ class SeqCp:
 
 
 @dataclass(frozen=True)
-class SeqKeep:
+class SeqKeep(_IntFields):
     seq_id: int
 
 
 @dataclass(frozen=True)
-class SeqAdd:
+class SeqAdd(_IntFields):
     seq_id: int
     p0: int
     p1: int
@@ -80,7 +94,7 @@ class SeqAdd:
 
 
 @dataclass(frozen=True)
-class SeqDiv:
+class SeqDiv(_IntFields):
     seq_id: int
     p0: int
     p1: int
@@ -91,9 +105,10 @@ SeqOp = Clear | SeqRm | SeqCp | SeqKeep | SeqAdd | SeqDiv
 
 
 def pos_range(p0: int, p1: int) -> tuple[int, int]:
-    """llama.cpp's convention: a negative bound is open ([0, inf))."""
-    lo = 0 if p0 < 0 else p0
-    hi = 2**31 - 1 if p1 < 0 else p1
+    """llama.cpp's convention: a negative bound is open ([0, inf)); bounds past the last
+    position are the open bound too."""
+    lo = 0 if p0 < 0 else min(p0, POS_END)
+    hi = POS_END if p1 < 0 else min(p1, POS_END)
     return lo, hi
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from kvtool.batch import Split, UBatch
+from kvtool.checks import POS_END, as_int
 from kvtool.errors import KvtoolError
 from kvtool.kernels.kv_quant import KV_TYPES, KVType
 from kvtool.memory import kv_cache_state
@@ -166,16 +167,18 @@ class KVCache(SeqOps, PartBatches):
         return 0 if self.params.unified else seq_id
 
     def _check_seq(self, seq_id: int) -> None:
-        if not 0 <= seq_id < self.params.n_seq_max:
+        if not 0 <= as_int(seq_id, "a sequence id") < self.params.n_seq_max:
             raise MemoryRefused(f"sequence {seq_id} is out of range (n_seq_max = {self.params.n_seq_max})")
 
     def _streams_for(self, seq_id: int) -> list[int]:
         return list(range(self.n_stream)) if seq_id < 0 else [self.stream_of(seq_id)]
 
     def seq_pos_min(self, seq_id: int) -> int:
+        self._check_seq(seq_id)
         return self.cells[self.stream_of(seq_id)].seq_pos_min(seq_id)
 
     def seq_pos_max(self, seq_id: int) -> int:
+        self._check_seq(seq_id)
         return self.cells[self.stream_of(seq_id)].seq_pos_max(seq_id)
 
     def seq_can_resume(self, seq_id: int, pos: int) -> bool:
@@ -228,7 +231,11 @@ class KVCache(SeqOps, PartBatches):
             if lo == hi or op.delta == 0:
                 return _nothing
             self._check_shift()
-            return lambda: self.cells[self.stream_of(seq)].seq_add(seq, lo, hi, op.delta)
+            cells = self.cells[self.stream_of(seq)]
+            moved = cells.pos[cells.has_seq(seq) & (cells.pos >= lo) & (cells.pos < hi)]
+            if moved.size and int(moved.max()) + op.delta >= POS_END:
+                raise MemoryRefused(f"seq_add: sequence {seq} would pass the last position ({POS_END - 1})")
+            return lambda: cells.seq_add(seq, lo, hi, op.delta)
         if isinstance(op, SeqDiv):
             if op.d < 1:
                 raise MemoryRefused(f"seq_div needs a divisor >= 1, got {op.d}")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from kvtool.checks import POS_END
 from kvtool.errors import StateError
 from kvtool.kernels.kv_quant import blocks_finite
 from kvtool.memory.base import Commit
@@ -24,7 +25,7 @@ from kvtool.state.io import StateReader, StateWriter, type_name
 if TYPE_CHECKING:
     from kvtool.memory.kv_cache import KVCache
 
-_ALL_POS = 2**31 - 1
+_ALL_POS = POS_END
 
 
 def layout(cache: KVCache, n_rows: int) -> dict[str, Any]:

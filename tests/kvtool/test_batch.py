@@ -88,9 +88,12 @@ def test_split_equal_sequential_rejects_shared_tokens() -> None:
 
 
 def _rules_hold(pos: list[int], seqs: list[int], last: dict[int, int]) -> bool:
-    """llama_batch_allocr's sequence rules, one token at a time (the plain model)."""
+    """llama_batch_allocr's sequence rules, one token at a time (the plain model), and kvtool's
+    own: a position is never negative."""
     per: dict[int, list[int]] = {}
     for p, s in zip(pos, seqs, strict=True):
+        if p < 0:
+            return False
         if per.get(s) and p < per[s][-1]:
             return False
         per.setdefault(s, []).append(p)

@@ -119,5 +119,8 @@ def test_set_n_threads_sets_and_reports() -> None:
         assert kvtool.set_n_threads(None) == 1  # None keeps the current number
     finally:
         torch.set_num_threads(before)
-    with pytest.raises(kvtool.KvtoolError, match="positive"):
-        kvtool.set_n_threads(-2)
+    for bad in (-2, 513, 100_000):  # OpenMP aborted at 20,000 and crashed at 100,000
+        with pytest.raises(kvtool.KvtoolError, match=r"in \[1, 512\]"):
+            kvtool.set_n_threads(bad)
+    with pytest.raises(TypeError):
+        kvtool.set_n_threads(2.5)  # type: ignore[arg-type]

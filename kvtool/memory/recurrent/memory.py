@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvtool.batch import DecodeError, Split
+from kvtool.checks import POS_END, as_int
 from kvtool.memory.base import (
     Clear,
     Commit,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from kvtool.memory.spec import MemoryParams
     from kvtool.state.io import StateReader, StateWriter
 
-_MAX_POS = 2**31 - 1
+_MAX_POS = POS_END
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,8 @@ class RecurrentMemory(PartBatches, SeqOps):
 
     # -- sequences ------------------------------------------------------------------------------
     def seq_pos_min(self, seq_id: int) -> int:
-        return int(self.cells.pos[seq_id]) if 0 <= seq_id < self.n_seq_max else -1
+        self._check_seq(seq_id)
+        return int(self.cells.pos[seq_id])
 
     def seq_pos_max(self, seq_id: int) -> int:
         return self.seq_pos_min(seq_id)  # a state only knows its latest position
@@ -173,7 +175,7 @@ class RecurrentMemory(PartBatches, SeqOps):
         return run
 
     def _check_seq(self, seq: int) -> None:
-        if not 0 <= seq < self.n_seq_max:
+        if not 0 <= as_int(seq, "a sequence id") < self.n_seq_max:
             raise MemoryRefused(f"invalid seq_id {seq} (n_seq_max = {self.n_seq_max})")
 
     def _plan_rm(self, op: SeqRm) -> Commit:
@@ -247,6 +249,10 @@ class RecurrentMemory(PartBatches, SeqOps):
             if isinstance(op, SeqAdd):
                 if p + op.delta < 0:  # as KV cells pushed below position 0: the state is freed
                     return lambda: cells.detach(seq)
+                if p + op.delta >= POS_END:
+                    raise MemoryRefused(
+                        f"seq_add: sequence {seq} would pass the last position ({POS_END - 1})"
+                    )
                 return lambda: cells.pos.__setitem__(seq, p + op.delta)
 
             def div() -> None:
