@@ -6,11 +6,17 @@ never replaces what is not a regular file: a symlink is written through to its t
 link stays), a directory, device, FIFO or socket is refused. An existing file is replaced
 only when it is of the writer's own kind (a state file by a state file...), unless the
 caller asks to overwrite. `check_writable` runs the same checks before the work starts, so
-that a command says in one line that it cannot save before it computes what to save."""
+that a command says in one line that it cannot save before it computes what to save.
+
+A temporary file is locked (flock) while its writer lives: a write that was killed leaves one
+behind, and the next write beside the same target removes it (a lock it can take belongs to no
+living writer). A writer that names the `FileVersion` it last read or wrote replaces only that
+version: a save by another process in between is a `FileChanged`, not overwritten."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import stat
@@ -23,6 +29,35 @@ from typing import BinaryIO
 from kvtool.errors import KvtoolError
 
 _HEAD = 256  # bytes of an existing file read to tell its kind
+_LEFT = (".tmp", ".probe")  # what a write leaves beside its target when it is killed
+
+
+class FileChanged(KvtoolError):
+    """Another process replaced the file since this writer's version of it: nothing was written."""
+
+
+class FileVersion:
+    """The version of a file one writer last read or wrote (device, inode, size, change time),
+    or its absence: a write through it (`write_file(..., version=)`) replaces only that
+    version, and becomes the new one."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).expanduser()
+        self.stamp = _stamp(self.path)
+
+    def changed(self) -> bool:
+        """Whether the file is no longer this version (another process saved or removed it)."""
+        return _stamp(self.path) != self.stamp
+
+
+def _stamp(path: Path) -> tuple[int, ...] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise KvtoolError(f"cannot read {path}: {e.strerror}") from None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @dataclass(frozen=True)
@@ -98,7 +133,7 @@ def check_writable(path: str | Path, kind: FileKind = ANY_FILE, *, overwrite: bo
     if not folder.is_dir():
         raise KvtoolError(f"cannot write {label}: no directory {folder}")
     try:  # the only test that holds for root, read-only mounts and /proc alike
-        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=folder)
+        fd, probe = _temp(target, ".probe")
     except OSError as e:
         raise KvtoolError(f"cannot write {label}: {folder} takes no new files ({e.strerror})") from None
     os.close(fd)
@@ -107,48 +142,121 @@ def check_writable(path: str | Path, kind: FileKind = ANY_FILE, *, overwrite: bo
     return target
 
 
+def _temp(target: Path, suffix: str) -> tuple[int, str]:
+    """A new file beside `target`, locked for as long as its descriptor stays open; first, what
+    killed writes left beside the same target is removed."""
+    remove_left_behind(target)
+    while True:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.fstat(fd).st_nlink:
+            return fd, tmp
+        os.close(fd)  # a cleaner took it for a dead writer's between its creation and the lock
+
+
+def remove_left_behind(target: str | Path) -> list[Path]:
+    """Removes the temporary files of writes to `target` that were killed (their lock is free:
+    no living writer holds it); returns them."""
+    target = Path(target)
+    gone: list[Path] = []
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return gone
+    prefix = f".{target.name}."
+    for name in names:
+        if not (name.startswith(prefix) and name.endswith(_LEFT)):
+            continue
+        path = target.parent / name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: a writer is alive
+                os.unlink(path)
+                gone.append(path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return gone
+
+
 @contextlib.contextmanager
 def atomic_write(
-    path: str | Path, kind: FileKind = ANY_FILE, *, overwrite: bool = False
+    path: str | Path,
+    kind: FileKind = ANY_FILE,
+    *,
+    overwrite: bool = False,
+    version: FileVersion | None = None,
 ) -> Iterator[BinaryIO]:
     """Yields a binary file beside `path`'s target (see `check_writable`, run first); when the
     block ends without an error it is fsynced, renamed over the target and the directory
     fsynced, so readers see the old file or the new one. An exception inside the block (a
     failed check included) deletes it and leaves `path` as it was. The writer's own failures
-    (no space, no permission) are one-line KvtoolErrors."""
+    (no space, no permission) are one-line KvtoolErrors. With `version`, the target is replaced
+    only if it is still that version (else FileChanged), which then becomes the new file's."""
     target = check_writable(path, kind, overwrite=overwrite)
     shown = kind.label(Path(path).expanduser())
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = _temp(target, ".tmp")
     except OSError as e:
         raise KvtoolError(f"cannot write {shown}: {e.strerror}") from None
     in_block = False  # an OSError of the caller's block is the caller's to report
     try:
         os.chmod(tmp, _mode(target))  # mkstemp makes 0600: give the file the mode a plain open would
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "wb", closefd=False) as f:  # fd (and its lock) stays open past the rename
             in_block = True
             yield f
             in_block = False
             f.flush()
-            os.fsync(f.fileno())
+            os.fsync(fd)
         # another process may have put something else there since the check: replace only a file
         with contextlib.suppress(FileNotFoundError):
             mode = os.lstat(target).st_mode
             if not stat.S_ISREG(mode):
                 raise KvtoolError(f"{shown} became {_kind_of(mode)} while writing it: not replaced")
-        os.replace(tmp, target)
+        if version is None:
+            os.replace(tmp, target)
+        else:
+            _replace_version(tmp, target, version, shown)
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(e, OSError) and not in_block:
             raise KvtoolError(f"cannot write {shown}: {e.strerror or e}") from None
         raise
+    finally:
+        os.close(fd)
     _fsync_dir(target.parent)
 
 
-def write_file(path: str | Path, data: bytes, kind: FileKind = ANY_FILE, *, overwrite: bool = False) -> int:
+def _replace_version(tmp: str, target: Path, version: FileVersion, shown: str) -> None:
+    """The rename, if the target is still `version`: checked and done under a lock on the
+    folder, which every versioned writer takes, so two of them cannot both pass the check."""
+    dfd = os.open(target.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(dfd, fcntl.LOCK_EX)
+        if _stamp(target) != version.stamp:
+            raise FileChanged(f"{shown} was saved by another process since this one read it")
+        os.replace(tmp, target)
+        version.stamp = _stamp(target)
+    finally:
+        os.close(dfd)  # and the lock with it
+
+
+def write_file(
+    path: str | Path,
+    data: bytes,
+    kind: FileKind = ANY_FILE,
+    *,
+    overwrite: bool = False,
+    version: FileVersion | None = None,
+) -> int:
     """Writes `data` to `path` atomically (see `atomic_write`); returns the bytes written."""
-    with atomic_write(path, kind, overwrite=overwrite) as f:
+    with atomic_write(path, kind, overwrite=overwrite, version=version) as f:
         try:
             f.write(data)
         except OSError as e:  # no space left...

@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from kvtool import KvtoolError
-from kvtool.atomic_file import atomic_write
-from kvtool.common.files import FileKind, check_writable, write_file
+from kvtool.atomic_file import atomic_write, remove_left_behind
+from kvtool.common.files import FileChanged, FileKind, FileVersion, check_writable, write_file
 
 NOTES = FileKind("a kvtool note", rb"NOTE")
 
@@ -197,3 +199,58 @@ def test_a_model_cache_that_takes_no_file_is_one_line_before_the_download(
     known = {"m": registry.KnownModel("m", "m.gguf", "0" * 64, None, "test", (part,))}
     with pytest.raises(KvtoolError, match="cannot"):
         registry.fetch_model("m", known=known)
+
+
+def _killed_write(tmp_path: Path, target: str) -> Path:
+    """What a write to `target` killed with SIGKILL leaves behind: its temporary file (run in
+    a child process that dies in the middle of the write)."""
+    code = (
+        "import os, sys\n"
+        "from kvtool import atomic_file\n"
+        "with atomic_file.atomic_write(sys.argv[1]) as f:\n"
+        "    f.write(b'x' * 4096)\n"
+        "    f.flush()\n"
+        "    os.kill(os.getpid(), 9)\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / target)], timeout=120)
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(f".{target}.") and p.suffix == ".tmp"]
+    assert len(left) == 1
+    return left[0]
+
+
+def test_a_killed_write_is_cleaned_by_the_next_one(tmp_path: Path) -> None:
+    """A save killed mid-write left its temporary file (29-92 MB for a chat) for ever: the
+    next write beside the same target removes it, since no living writer holds its lock."""
+    left = _killed_write(tmp_path, "chat.kvs")
+    write_file(tmp_path / "chat.kvs", b"new")
+    assert not left.exists() and listing(tmp_path) == ["chat.kvs"]
+
+
+def test_a_write_in_progress_is_not_taken_for_a_dead_one(tmp_path: Path) -> None:
+    target = tmp_path / "f"
+    with atomic_write(target) as f:
+        f.write(b"first")
+        (mine,) = [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]
+        assert remove_left_behind(target) == [] and mine.exists()  # its writer holds the lock
+        write_file(target, b"second")  # another writer beside it
+        assert mine.exists()
+    assert target.read_bytes() == b"first" and listing(tmp_path) == ["f"]
+
+
+def test_a_versioned_write_does_not_replace_another_process_s_save(tmp_path: Path) -> None:
+    target = tmp_path / "chat"
+    target.write_bytes(b"v1")
+    mine = FileVersion(target)
+    write_file(target, b"mine 1", version=mine)  # the version I read: replaced, and now mine
+    write_file(target, b"mine 2", version=mine)
+    target.with_name("other").write_bytes(b"theirs")
+    os.replace(target.with_name("other"), target)  # another process's atomic save
+    assert mine.changed()
+    with pytest.raises(FileChanged):
+        write_file(target, b"mine 3", version=mine)
+    assert target.read_bytes() == b"theirs" and listing(tmp_path) == ["chat"]
+    none = FileVersion(tmp_path / "new")  # no file yet: a write creates it, unless one appeared
+    (tmp_path / "new").write_bytes(b"someone's")
+    with pytest.raises(FileChanged):
+        write_file(tmp_path / "new", b"mine", version=none)
+    assert (tmp_path / "new").read_bytes() == b"someone's"
