@@ -102,40 +102,75 @@ def _os_error(e: OSError) -> str:
     return f"{name}: {e.strerror or e}" if name else str(e.strerror or e)
 
 
+def _say(text: str) -> None:
+    """One line on stderr, its control characters escaped; nothing when stderr is gone (a
+    closed terminal): the exit status still tells."""
+    from kvtool.commands.common.text import printable
+
+    with contextlib.suppress(OSError, ValueError):
+        print(printable(text), file=sys.stderr, flush=True)
+
+
+def _open_closed_streams() -> None:
+    """A standard stream closed before the start (`kvtool ... >&-`) reads or writes nothing, as
+    /dev/null, instead of failing at its first use."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        if getattr(sys, name) is None:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            setattr(sys, name, open(fd, mode, closefd=False, encoding="utf-8"))  # noqa: SIM115
+
+
 def main() -> None:
-    """Console entry point: user errors are one line on stderr and exit code 2."""
+    """Console entry point: user errors are one line on stderr and exit code 2; SIGINT ends with
+    130, SIGTERM and SIGHUP with 128 + their number, after the verb has saved what it keeps."""
+    _open_closed_streams()
+    from kvtool.commands.common import signals  # first: the verb's imports take a while
+
     argv = sys.argv[1:]
-    verb = _verb(argv)
-    if verb:
-        _register(verb)
-    from kvtool.commands.common.text import reconfigure_std_streams
-    from kvtool.commands.flags import check_argv
-
-    reconfigure_std_streams()
-    warnings.showwarning = _one_line_warning
-
     try:
-        command = typer.main.get_command(app)  # built once (40 ms): checked, then run
-        check_argv(command, argv)
-        rc = command(args=argv, prog_name="kvtool", standalone_mode=False)
+        with signals.installed():
+            try:
+                verb = _verb(argv)
+                if verb:
+                    _register(verb)
+                from kvtool.commands.common.text import reconfigure_std_streams
+                from kvtool.commands.flags import check_argv
+
+                reconfigure_std_streams()
+                warnings.showwarning = _one_line_warning
+                command = typer.main.get_command(app)  # built once (40 ms): checked, then run
+                check_argv(command, argv)
+                rc = command(args=argv, prog_name="kvtool", standalone_mode=False)
+            finally:
+                # SIGTERM or SIGHUP ended the verb, whatever it turned into on the way (typer's
+                # exit 130, a write to the closed terminal): the exit says which
+                end = signals.ending()
+                if end is not None:
+                    raise end from None
     except NoArgsIsHelpError as e:
-        print(e.ctx.get_help() if e.ctx is not None else "", file=sys.stderr)
+        _say(e.ctx.get_help() if e.ctx is not None else "")
         sys.exit(2)
     except UsageError as e:  # bad flags or values: one line, like every other user error
         where = e.ctx.command_path if e.ctx is not None else "kvtool"
-        print(f"error: {e.format_message()} (see '{where} --help')", file=sys.stderr)
+        _say(f"error: {e.format_message()} (see '{where} --help')")
         sys.exit(2)
     except ClickException as e:
-        print(f"error: {e.format_message()}", file=sys.stderr)
+        _say(f"error: {e.format_message()}")
         sys.exit(e.exit_code)
     except KvtoolError as e:
-        print(f"error: {e}", file=sys.stderr)
+        _say(f"error: {e}")
         sys.exit(2)
     except OSError as e:  # the system refused a path the user gave (too long, a file as folder...)
-        print(f"error: {_os_error(e)}", file=sys.stderr)
+        _say(f"error: {_os_error(e)}")
         sys.exit(2)
+    except signals.Terminated as e:
+        _say(f"(ended by {e})")
+        sys.exit(e.exit_code)
     except (KeyboardInterrupt, typer.Abort):
-        print(file=sys.stderr)
+        _say("")
         sys.exit(130)
     sys.exit(rc if isinstance(rc, int) else 0)
 
@@ -150,7 +185,8 @@ def _one_line_warning(
 ) -> None:
     """The engine's warnings while a verb runs (CUDA graphs turned off, ...): one line on
     stderr, as the verbs' own notes, not Python's file:line form with a source line."""
-    print(f"warning: {message}", file=file or sys.stderr)
+    with contextlib.suppress(OSError, ValueError):
+        print(f"warning: {message}", file=file or sys.stderr)
 
 
 def console() -> None:

@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import kvtool
-from kvtool.commands.common import devices, options, text, values
+from kvtool.commands.common import devices, options, signals, text, values
 from kvtool.commands.common.options import (
     ContBatchingOpt,
     ContextFlags,
@@ -180,6 +180,7 @@ __all__ = [
     "make_context",
     "options",
     "progress_console",
+    "signals",
     "text",
     "timed_refresh",
     "timed_status",

@@ -34,11 +34,14 @@ class Timings:
 
 @dataclass
 class Generation:
-    """The tokens a generation produced and why it stopped."""
+    """The tokens a generation produced and why it stopped. `error`: what ended it otherwise
+    (output that could not be written, a failed decode): the caller records what was generated,
+    then raises it."""
 
     tokens: list[int]
-    stop: str  # "eog" | "length" | "ctx_full" | "interrupted"
+    stop: str  # "eog" | "length" | "ctx_full" | "interrupted" | "error"
     shifts: list[tuple[int, int]] = field(default_factory=list)  # (n_keep, n_discard), in order
+    error: BaseException | None = None
 
 
 def shift_context(ctx: kvtool.Context, seq: int, n_past: int, n_keep: int) -> int:
@@ -81,7 +84,9 @@ def generate(
     Every accepted token except an end-of-generation one is decoded into the memory.
     `ignore_eos` bans end-of-generation tokens (llama.cpp's --ignore-eos). With `n_keep`
     (llama.cpp's --context-shift), a full context is shifted (`shift_context`) instead of
-    stopping the generation; the shifts are listed in the result."""
+    stopping the generation; the shifts are listed in the result. An interrupt (Ctrl-C,
+    SIGTERM) stops it; any other exception too, returned in `error`, never lost with the
+    tokens generated before it."""
     import torch  # here, not at import: `kvtool --help` must not load torch
 
     model = ctx.model
@@ -90,6 +95,7 @@ def generate(
     shifts: list[tuple[int, int]] = []
     t0 = time.perf_counter()
     stop = "length"
+    error: BaseException | None = None
     try:
         while n_predict < 0 or len(out) < n_predict:
             if banned is not None:
@@ -123,7 +129,9 @@ def generate(
             logits = ctx.logits_ith(-1)
     except KeyboardInterrupt:
         stop = "interrupted"
+    except BaseException as e:  # a closed stdout, a decode that failed: the caller raises it
+        stop, error = "error", e
     if timings is not None:
         timings.n_gen += len(out)
         timings.t_gen += time.perf_counter() - t0
-    return Generation(out, stop, shifts)
+    return Generation(out, stop, shifts, error)

@@ -7,12 +7,18 @@ reads each such byte as U+FFFD and goes on; so does kvtool (`user_text`, `read_t
 model's output or a template's text may hold `[/x]`, `[link=...]` or `:smile:`, which a rich
 console would read as markup or emoji (and crash on an unmatched tag). The verbs print on
 `console()`s, which read neither, and label spinners and bars with `plain()`, which rich does
-not parse either. Styles are given with `style=`, never as markup tags."""
+not parse either. Styles are given with `style=`, never as markup tags. Control characters in
+such text (an escape sequence in a stored conversation's name would clear the screen or set
+the window title) are shown escaped (`printable`); the model's own replies are printed as they
+are, as llama.cpp prints them."""
 
 from __future__ import annotations
 
+import functools
+import os
+import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import typer
 
@@ -21,11 +27,34 @@ if TYPE_CHECKING:  # rich takes some 70 ms to import: `--help` and `--version` n
     from rich.text import Text
 
 
-def console(stderr: bool = False, quiet: bool = False, soft_wrap: bool = True) -> Console:
-    """A console on which every string prints as it is: no markup, no emoji codes, no highlighting."""
+MAX_TEXT = 16 << 20  # bytes of a prompt file or of one line of input (the template's limit)
+
+# C0 but tab and newline, DEL, C1, and the bidirectional overrides that reorder what is shown
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters written as escapes (\\x1b, \\u202e)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+@functools.cache
+def _console_class() -> type[Console]:
+    """rich's Console, rendering every string (arguments, table cells) with its control
+    characters escaped (made on first use: rich's import is not cheap)."""
     from rich.console import Console
 
-    return Console(
+    class _Console(Console):
+        def render_str(self, text: str, **kwargs: Any) -> Text:
+            return super().render_str(printable(text), **kwargs)
+
+    return _Console
+
+
+def console(stderr: bool = False, quiet: bool = False, soft_wrap: bool = True) -> Console:
+    """A console on which every string prints as it is: no markup, no emoji codes, no highlighting,
+    control characters escaped."""
+    return _console_class()(
         stderr=stderr, quiet=quiet, soft_wrap=soft_wrap, markup=False, emoji=False, highlight=False
     )
 
@@ -67,7 +96,7 @@ def plain(text: object, style: str = "") -> Text:
     """`text` as a rich Text, which no console reads as markup (spinner and table labels)."""
     from rich.text import Text
 
-    return Text(str(text), style=style)
+    return Text(printable(str(text)), style=style)
 
 
 def user_text(text: str | None) -> str | None:
@@ -90,13 +119,31 @@ def reconfigure_std_streams() -> None:
             reconfigure(errors=errors)
 
 
+def open_input(path: Path) -> BinaryIO:
+    """`path` opened for reading without waiting for a writer: a FIFO that nobody writes to
+    reads as empty instead of blocking the command for ever (a pipe that has a writer, such as
+    `<(command)`, reads as usual)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        os.set_blocking(fd, True)  # reads wait for data again, while a writer is there
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_text(path: Path, flag: str) -> str:
     """A text file (a prompt, questions, a system prompt): bytes that are not UTF-8 read as
-    U+FFFD; a file that cannot be read is a usage error naming the flag and the file."""
+    U+FFFD; a file that cannot be read, or holds more than MAX_TEXT bytes (a device such as
+    /dev/zero never ends), is a usage error naming the flag and the file. A pipe or a FIFO is
+    read as it comes (`-f <(command)`); see `open_input`."""
     try:
-        data = path.read_bytes()
+        with open_input(path) as f:
+            data = f.read(MAX_TEXT + 1)
     except OSError as e:
         raise typer.BadParameter(f"cannot read {path}: {e.strerror or e}", param_hint=flag) from None
+    if len(data) > MAX_TEXT:
+        raise typer.BadParameter(f"{path} holds more than {MAX_TEXT >> 20} MiB of text", param_hint=flag)
     return data.decode("utf-8", "replace")
 
 

@@ -160,8 +160,8 @@ def _lines(path: Path, f: BinaryIO) -> Iterator[str]:
             raise TraceError(f"{path}: more than {MAX_EVENTS:,} events: too long to simulate")
         try:
             yield raw.decode("utf-8")
-        except UnicodeDecodeError:  # a trace is JSON lines kvtool wrote: not text, not a trace
-            raise TraceError(f"{path}:{i}: not a trace (not UTF-8 text)") from None
+        except UnicodeDecodeError as e:  # a trace is JSON lines kvtool wrote: not text, not a trace
+            raise TraceError(f"{path}:{i}: not a trace: byte {e.start} is not UTF-8") from None
 
 
 def _read(path: Path, lines: Iterator[str]) -> tuple[Workload, dict[str, Any]]:

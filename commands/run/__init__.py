@@ -214,6 +214,10 @@ def run(
         if prompt is None:
             raise typer.BadParameter("needs a prompt (-p TEXT or -f FILE)", param_hint="-no-cnv")
         no_chat = True
+    if session_file is not None and store is not None:  # one place keeps the conversation
+        raise typer.BadParameter(
+            "keeps the chat in a file; --store keeps it in the store: give one", param_hint="--session"
+        )
     if session_file is not None:  # where the chat will be saved: checked before any work
         kvtool.check_state_path(session_file)
     if sampling.samplers is not None:  # its names, checked before the model loads
@@ -265,6 +269,7 @@ def run(
     rc = 0
     try:
         if prompt is not None and not conversation_mode:
+            keeper.touch()  # saved by `finish`, whatever ends the reply
             rc = one_shot(keeper.session, prompt, n_predict, perf_marks, bar, show)
         else:
             if sys.stdin.isatty():  # llama-cli's banner, for whoever is at the terminal
@@ -274,6 +279,9 @@ def run(
             rc = chat(keeper, n_predict, perf_marks, bar, show, first=prompt)
     finally:
         keeper.finish()
+    common.signals.check()  # a reply that SIGTERM or SIGHUP stopped was kept: now the exit
+    if keeper.failed is not None:  # said on stderr, with where the conversation went
+        raise typer.Exit(2)
     if rc:
         raise typer.Exit(rc)
 

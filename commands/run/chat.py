@@ -172,8 +172,11 @@ class ChatSession:
         tail = stream.flush()
         if tail:
             parts.append(tail)
-            if on_text is not None:
-                on_text(tail)
+            if on_text is not None and gen.error is None:
+                try:
+                    on_text(tail)
+                except BaseException as e:  # recorded below, like the generation's own
+                    gen.error = e
         # The memory holds every generated token but the last one sampled (decoded next turn).
         said, n_held = self.cached + gen.tokens, self.ctx.memory.seq_pos_max(self.seq) + 1
         for k, d in gen.shifts:  # the positions each context shift discarded
@@ -183,6 +186,8 @@ class ChatSession:
         text = "".join(parts)
         if self.use_template:
             self.messages.append({"role": "assistant", "content": text})
+        if gen.error is not None:  # recorded first: the conversation matches the memory
+            raise gen.error
         return text, gen
 
     def _turn_tail(self) -> list[int] | None:

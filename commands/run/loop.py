@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import kvtool
+from kvtool.commands.common import signals
 from kvtool.commands.common.generate import Generation
 from kvtool.commands.common.progress import PromptBar
 from kvtool.commands.run.chat import ChatSession
@@ -125,6 +127,7 @@ def _command(keeper: Keeper, text: str, perf: Perf) -> bool:
     elif cmd == "/clear":
         session.clear()
         err.print("(conversation cleared)", style="dim")
+        keeper.changed()
     elif cmd == "/list":
         err.print(f"{keeper.listing()}", style="dim")
     elif cmd == "/stats":
@@ -178,6 +181,7 @@ def chat(
             session = keeper.session
             n0, t0 = session.timings.n_gen, session.timings.t_gen
             perf.turn_started()
+            keeper.touch()
             try:
                 _, gen = session.respond(
                     text, n_predict, write, bar, on_tokens=_tokens_hook(session, show.verbose_prompt)
@@ -187,11 +191,14 @@ def chat(
                 err.print(f"error: {e}; the turn was not answered: /clear starts over, {_MORE}", style="red")
                 continue
             except KeyboardInterrupt:  # while the prompt was being decoded: drop the turn
+                signals.check()  # SIGTERM, SIGHUP: the chat ends (what it held is kept)
                 err.print("(interrupted)", style="yellow")
                 continue
             finally:
                 if bar is not None:
                     bar.close()
+            keeper.changed()  # the turn is saved as soon as it is complete
+            signals.check()  # a reply stopped by SIGTERM or SIGHUP is kept, then the chat ends
             _write("\n")
             _stop_note(gen, session.ctx)
             dn, dt = session.timings.n_gen - n0, session.timings.t_gen - t0  # this reply's share
@@ -201,8 +208,11 @@ def chat(
             if show.verbose:
                 for row in perf.lines(session.timings):
                     err.print(row, markup=False, style="dim")
-    except KeyboardInterrupt:  # Ctrl-C at the prompt leaves the chat
-        _write("\n")
+    except KeyboardInterrupt as e:  # Ctrl-C at the prompt leaves the chat
+        with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) takes no more output
+            _write("\n")
+        if isinstance(e, signals.Terminated):
+            raise
     if show.perf:
         for row in perf.lines(keeper.session.timings):
             err.print(row, markup=False)

@@ -43,6 +43,10 @@ class ConversationPool:
         """Open conversations, least recently used first."""
         return list(self._open)
 
+    def session(self, name: str) -> ChatSession:
+        """Open conversation `name` (KeyError if it is not open)."""
+        return self._open[name]
+
     def open(self, name: str) -> ChatSession:
         """The conversation `name`: already open, loaded from the store, or new and empty.
         A stored state that cannot be restored is a StateError and nothing has changed."""

@@ -7,16 +7,23 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 
+from kvtool import KvtoolError
+from kvtool.commands.common.text import MAX_TEXT
+
 
 def join_lines(read: Callable[[], str | None], multiline: bool = False) -> str | None:
     """One turn from `read` (a line without its newline, None at the end of input): lines are
     joined with newlines while they continue (llama.cpp's console::readline). None when the
     input ended before a turn began; a turn cut by the end of input is returned as it is."""
     parts: list[str] = []
+    size = 0
     while True:
         line = read()
         if line is None:
             return "\n".join(parts) if parts else None
+        size += len(line) + 1
+        if size > MAX_TEXT:  # continued lines without end (a file of backslashes)
+            raise KvtoolError(f"a turn is longer than {MAX_TEXT >> 20} Mi characters")
         more = multiline
         if line.endswith("\\"):  # a trailing backslash flips the default: go on, or stop
             line, more = line[:-1], not multiline
@@ -50,8 +57,16 @@ def terminal_turns(multiline: bool, write: Callable[[str], None]) -> Iterator[st
 
 
 def piped_turns(multiline: bool, echo: Callable[[str], None] | None) -> Iterator[str]:
-    """Turns read from a pipe, each shown through `echo` (as `> text`) unless it is None."""
-    lines = (line.rstrip("\n") for line in sys.stdin)
+    """Turns read from a pipe, each shown through `echo` (as `> text`) unless it is None. A
+    line is read up to MAX_TEXT characters: a line of /dev/zero never ends."""
+
+    def read_lines() -> Iterator[str]:
+        while line := sys.stdin.readline(MAX_TEXT + 1):
+            if len(line) > MAX_TEXT:
+                raise KvtoolError(f"a line of input is longer than {MAX_TEXT >> 20} Mi characters")
+            yield line.rstrip("\n")
+
+    lines = read_lines()
 
     while True:
         turn = join_lines(lambda: next(lines, None), multiline)

@@ -126,6 +126,8 @@ def load(
     pos = ctx.memory.seq_pos_max(s) + 1
     stream = TextStream(m)
     gen = generate(ctx, sampler, logits, pos, n_predict, lambda t: _write(stream.push(t)), s)
+    if gen.error is not None:
+        raise gen.error
     _write(stream.flush() + "\n")
     err.print(
         f"restored {info.seqs[0].n_cells if info.seqs else 0} cells; generated {len(gen.tokens)} tokens"

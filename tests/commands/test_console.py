@@ -3,6 +3,7 @@ output, flushed, with the process ended without Python's teardown."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +63,38 @@ def test_every_verb_is_in_the_root_help_table() -> None:
     _register()
     group = typer.main.get_command(app)
     assert set(group.commands) == set(VERBS)
+
+
+def test_a_closed_stdout_is_no_traceback(tiny_llama_path: Path) -> None:
+    """`kvtool ... >&-`: Python gives no sys.stdout, and the first write was an AttributeError
+    traceback (issue 28, item 10); it writes nowhere instead, as llama.cpp does."""
+    for args in (["--version"], ["run", "-m", str(tiny_llama_path), "-p", "hi", "-n", "3"]):
+        cmd = [sys.executable, "-m", "kvtool.commands", *args]
+        r = subprocess.run(
+            cmd,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+            stdout=subprocess.DEVNULL,
+            close_fds=True,
+            preexec_fn=lambda: os.close(1),
+        )
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_output_quietly(tiny_llama_path: Path, tmp_path: Path) -> None:
+    """`kvtool run ... | head -c 10`: the rest of the reply has nowhere to go; the run ends
+    without a traceback, and the session keeps what was generated."""
+    session = tmp_path / "s.kvs"
+    cmd = [sys.executable, "-m", "kvtool.commands", "run", "-m", str(tiny_llama_path), "-p", "hi"]
+    cmd += ["-n", "3000", "--ignore-eos", "-c", "4096", "--session", str(session)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.read(10)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=300) == 1 and "Traceback" not in err, err
+    import kvtool
+
+    saved = (kvtool.inspect_state(session).app or {})["chat"]["messages"]
+    assert saved[0]["content"] == "hi" and len(saved[1]["content"]) > 0

@@ -119,3 +119,30 @@ def test_an_empty_system_prompt_without_bos_is_served(
     r = kvtool_cli(monkeypatch, capsys, *args)
     assert r.code == 0, r.err
     assert "system tokens = 0" in r.out
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin"),
+    [
+        (["run", "-f", "/dev/zero"], None),
+        (["run", "-f", "/dev/urandom"], None),
+        (["parallel", "--system-file", "/dev/urandom"], None),
+        (["parallel", "-f", "/dev/zero"], None),
+        (["run"], "/dev/zero"),  # turns piped from a file that never ends a line
+    ],
+)
+def test_text_that_never_ends_is_one_line(tiny_llama_path: Path, args: list[str], stdin: str | None) -> None:
+    """`-f /dev/zero` or `--system-file /dev/urandom` read until memory ran out (issue 28,
+    item 5): a text input is read up to 16 MiB, then refused."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+    cmd = [sys.executable, "-m", "kvtool.commands", *args, "-m", str(tiny_llama_path), "-n", "2"]
+    with open(stdin or "/dev/null", "rb") as f:
+        r = subprocess.run(cmd, stdin=f, capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines()[-1].startswith("error: ") and "16 Mi" in r.stderr, r.stderr

@@ -65,7 +65,7 @@ def test_store_names_list_and_print_as_they_are(
     r = kvtool_cli(monkeypatch, capsys, *args, "--conversation-name", "[/x]\\", stdin=turns)
     assert r.code == 0, r.err
     assert "saved as '[bold]co\\py'" in r.err
-    assert "\n[bold]co\\py (2)\n" in r.err  # the /list line: what the store holds
+    assert "\n[bold]co\\py (2), [/x]\\* (2)\n" in r.err  # the /list line: each turn is saved as it ends
     r = kvtool_cli(monkeypatch, capsys, *args, "--conversation-name", "[bold]co\\py", stdin="/list\n")
     assert r.code == 0 and "(conversation '[bold]co\\py': 2 messages" in r.err, r.err
     r = kvtool_cli(monkeypatch, capsys, "state", "list", "--store", str(store))
@@ -132,3 +132,46 @@ def test_no_verb_styles_text_with_markup_tags() -> None:
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and tag.search(node.value)
     ]
     assert not found
+
+
+ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x1b[31m\u202eevil\x9b"
+
+
+def test_control_characters_are_shown_escaped() -> None:
+    """A stored conversation's name holding escape sequences cleared the screen and set the
+    window title when listed (issue 28, item 10): every string a console prints, and every
+    label, shows its control characters as escapes; tabs and newlines stay."""
+    out = io.StringIO()
+    c = console()
+    c.file = out
+    c.print(f"name {ESCAPES}\nend")
+    c.print(plain(ESCAPES))
+    text = out.getvalue()
+    assert not any(ch in text for ch in "\x1b\x07\x9b\u202e"), repr(text)
+    assert "\\x1b]0;pwned\\x07\\x1b[2J" in text and "\\u202eevil\\x9b" in text and "\nend\n" in text
+
+
+def test_a_store_name_with_escapes_lists_escaped(
+    tiny_llama_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    store = tmp_path / "chats.db"
+    args = [
+        "run",
+        "-m",
+        str(tiny_llama_path),
+        "-n",
+        "2",
+        "--store",
+        str(store),
+        "--conversation-name",
+        ESCAPES,
+    ]
+    r = kvtool_cli(monkeypatch, capsys, *args, stdin="hello\n/list\n")
+    assert r.code == 0 and "\x1b" not in r.err and "\\x1b]0;pwned" in r.err, r.err
+    r = kvtool_cli(monkeypatch, capsys, "state", "list", "--store", str(store))
+    assert r.code == 0 and "\x1b" not in r.out and "\\x1b]0;pwned" in r.out, r.out
+    r = kvtool_cli(monkeypatch, capsys, "run", "-m", f"/nonexistent/{ESCAPES}.gguf", "-p", "hi")
+    assert "\x1b" not in r.err and "\\x1b" in r.one_error_line()
