@@ -139,6 +139,9 @@ def bench(
         if fmt is not None and fmt not in ("md", "csv", "json", "jsonl"):
             raise typer.BadParameter("md, csv, json or jsonl", param_hint=flag)
     models = [x for m in (model or [registry.DEFAULT_MODEL]) for x in m.split(",") if x]
+    for name in models:  # every -m is a file or a known name before the first test runs
+        if name not in registry.KNOWN_MODELS:
+            registry.resolve_model(name, fetch=False)
     pp, tg, pg = _ints(n_prompt or ["512"], "-p"), _ints(n_gen or ["128"], "-n"), _pairs(n_pg or [])
     axes: dict[str, list[int] | list[str]] = {
         "n_batch": _ints(n_batch or ["2048"], "-b", 1),

@@ -21,7 +21,7 @@ from rich.text import Text
 import kvtool
 from kvtool.commands import app, common
 from kvtool.commands.defrag_sim.names import TRACE_KIND
-from kvtool.commands.parallel.http import HttpParallelSim
+from kvtool.commands.parallel.http import HttpParallelSim, check_server
 from kvtool.commands.parallel.prompts import MAX_JUNK, QUESTIONS, SYSTEM_PROMPT, read_prompts
 from kvtool.commands.parallel.sim import Client, ParallelParams, ParallelSim, ParallelSummary, RequestRecord
 from kvtool.common import files
@@ -222,6 +222,7 @@ def parallel(
     recording = contextlib.ExitStack()  # the trace replaces its file only after a whole run
     with recording:
         if server is not None:
+            check_server(server, timeout)
             sim = HttpParallelSim(server, params, model=load.model, timeout=timeout)
             where = f"{server} (model '{load.model}')"
             out.print(f"parallel: simulating {n_parallel} clients against {server}")

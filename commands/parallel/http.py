@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,25 @@ from kvtool.commands.parallel.sim import ClientStatus, ParallelParams, ParallelS
 
 class ServerError(KvtoolError):
     """The endpoint could not be reached or answered with an error."""
+
+
+def check_server(url: str, timeout: float) -> None:
+    """Refuses, before any client starts, a URL that is not http(s)://HOST[:PORT][/PATH] or a
+    server that takes no connection (ServerError, one line)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as e:
+        raise ServerError(f"--server {url}: not a URL ({e})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ServerError(f"--server {url}: expected http://HOST[:PORT][/v1] (or https://)")
+    port = port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=min(timeout, 10.0)).close()
+    except OSError as e:
+        raise ServerError(
+            f"--server {url}: cannot connect to {parts.hostname}:{port} ({e.strerror or e})"
+        ) from None
 
 
 def chat_url(url: str) -> str:

@@ -263,9 +263,7 @@ def list_store(
     store: Annotated[Path, typer.Option("--store", help="A conversation store (SQLite file).")],
 ) -> None:
     """List the conversations of a store: name, model, tokens, messages, size, last save."""
-    if not store.exists():  # list, never create: ConversationStore refuses what is no store
-        raise kvtool.StateError(f"no conversation store {store}")
-    with ConversationStore(store) as db:
+    with ConversationStore(store, readonly=True) as db:  # listed, never created nor changed
         rows = db.list()
     from rich.table import Table
 

@@ -100,6 +100,41 @@ def _record(row: tuple[Any, ...]) -> ConversationRecord:
     )
 
 
+def _connect_readonly(path: Path, timeout: float = 5.0) -> sqlite3.Connection:
+    """A read-only connection. On a read-only mount SQLite cannot make a WAL store's
+    shared-memory file: the file is then opened as immutable (nothing there can change it)."""
+    uri = path.resolve().as_uri()
+    error: sqlite3.DatabaseError | None = None
+    for query in ("mode=ro", "mode=ro&immutable=1"):
+        db = None
+        try:
+            db = sqlite3.connect(f"{uri}?{query}", uri=True, timeout=timeout)
+            db.execute("PRAGMA application_id").fetchone()
+            return db
+        except sqlite3.DatabaseError as e:
+            error = e
+            if db is not None:
+                db.close()
+    assert error is not None
+    raise error
+
+
+def _open_readonly(path: Path, timeout: float) -> sqlite3.Connection:
+    """An existing kvtool store, opened for reading only."""
+    if not path.is_file():
+        raise StateError(f"no conversation store {path}")
+    _check_foreign(path)
+    try:
+        db = _connect_readonly(path, timeout)
+        row = db.execute("SELECT value FROM kvtool_meta WHERE key = 'schema'").fetchone()
+    except sqlite3.DatabaseError as e:
+        raise StateError(f"{path} is not a usable conversation store ({e})") from None
+    if row is None or row[0] not in ("1", SCHEMA_VERSION):
+        db.close()
+        raise StateError(f"{path}: a store schema this version does not read")
+    return db
+
+
 def _check_foreign(path: Path) -> None:
     """Refuses, without writing a byte, an existing file that is not a kvtool store: not
     SQLite, or the database of another program (its tables, or its application_id)."""
@@ -113,7 +148,7 @@ def _check_foreign(path: Path) -> None:
     if head != _SQLITE_MAGIC:
         raise StateError(f"{path} is not a SQLite file: not a usable conversation store")
     try:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        db = _connect_readonly(path)
         try:
             app_id = db.execute("PRAGMA application_id").fetchone()[0]
             tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -129,10 +164,14 @@ def _check_foreign(path: Path) -> None:
 class ConversationStore:
     """Named conversations in a SQLite file, shared safely between processes. An existing
     file is opened only if it is a kvtool store (or empty): another program's database is
-    refused untouched."""
+    refused untouched. `readonly` opens an existing store for reading only, without writing a
+    byte (a listing; a store on a read-only mount)."""
 
-    def __init__(self, path: str | Path, timeout: float = 30.0) -> None:
+    def __init__(self, path: str | Path, timeout: float = 30.0, *, readonly: bool = False) -> None:
         self.path = Path(path)
+        if readonly:
+            self._db = _open_readonly(self.path, timeout)
+            return
         try:
             mode: int | None = os.stat(self.path).st_mode
         except FileNotFoundError:

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import kvtool
 import kvtool.commands.batched_bench
 import kvtool.commands.bench
-import kvtool.commands.parallel  # noqa: F401  (register the verbs; with one verb typer drops its name)
+import kvtool.commands.parallel
 from kvtool.commands import app
 from kvtool.commands.bench.report import FIELDS
 
@@ -117,3 +118,18 @@ def test_a_table_read_from_both_streams_is_whole(tiny_llama_path: Path) -> None:
     table = [i for i, ln in enumerate(lines) if ln.startswith("|")]
     assert len(table) == 5, r.stdout
     assert all(lines[i].strip() for i in range(table[0], table[-1])), r.stdout  # no blank line
+
+
+def test_a_missing_model_is_refused_before_any_test(tiny_llama_path: Path, tmp_path: Path) -> None:
+    """`-m a -m b -m missing.gguf` ran the first two benchmarks before refusing the third
+    (issue 28, item 10): every -m is checked first."""
+    missing = tmp_path / "missing.gguf"
+    result = runner.invoke(app, ["bench", "-m", str(tiny_llama_path), "-m", str(missing), *SMALL])
+    assert isinstance(result.exception, kvtool.KvtoolError) and "missing.gguf" in str(result.exception)
+    assert "pp16" not in result.stdout  # no test ran
+
+
+def test_a_range_that_lists_nothing_is_refused(tiny_llama_path: Path) -> None:
+    """`-p 512-128` printed an empty table and exited 0."""
+    result = runner.invoke(app, ["bench", "-m", str(tiny_llama_path), "-p", "512-128", "-n", "0"])
+    assert result.exit_code == 2 and "lists nothing" in result.output

@@ -155,3 +155,21 @@ def test_default_requests_have_llama_parallels_shape() -> None:
     m = kvtool.Model(registry.resolve_model("smollm2"))
     assert 280 <= len(m.tokenize(SYSTEM_PROMPT, add_special=True)) <= 300  # llama-parallel's: ~290
     assert all(5 <= len(m.tokenize(q, add_special=False)) <= 20 for q in QUESTIONS)  # one line each
+
+
+@pytest.mark.parametrize(
+    ("url", "msg"),
+    [
+        ("notaurl", "expected http://HOST"),
+        ("http://[::1", "not a URL"),
+        ("ftp://127.0.0.1:9", "expected http://HOST"),
+        ("http://127.0.0.1:99999", "not a URL"),
+        ("http://127.0.0.1:9", "cannot connect to 127.0.0.1:9"),
+    ],
+)
+def test_a_server_it_cannot_reach_is_one_line(url: str, msg: str) -> None:
+    """A bad --server URL printed each request's `Error: ...` on stdout and exited 1 (issue 28,
+    item 10): it is one error line, before any client starts."""
+    result = runner.invoke(app, ["parallel", "--server", url, "-ns", "2"])
+    assert isinstance(result.exception, kvtool.KvtoolError) and msg in str(result.exception)
+    assert "Error:" not in result.stdout and "Input:" not in result.stdout

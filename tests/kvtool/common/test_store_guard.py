@@ -5,7 +5,10 @@ of failing, and refuses a save over a row another process saved meanwhile (issue
 from __future__ import annotations
 
 import hashlib
+import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -157,3 +160,39 @@ def test_a_store_path_the_system_refuses_is_one_error(tmp_path: Path, name: str)
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(StateError, match="conversation store"):
         ConversationStore(tmp_path / name)
+
+
+def _store_with_a_row(path: Path) -> None:
+    with ConversationStore(path) as s:
+        s.save("kept", b"state", [1, 2], [{"role": "user", "content": "hi"}], "m", "f")
+
+
+def test_a_readonly_open_changes_no_store(tmp_path: Path) -> None:
+    path = tmp_path / "chats.db"
+    _store_with_a_row(path)
+    before = digest(path)
+    with ConversationStore(path, readonly=True) as s:
+        assert [r.name for r in s.list()] == ["kept"]
+    assert digest(path) == before  # (SQLite's -wal and -shm files may stay beside it, empty)
+    with pytest.raises(StateError, match="no conversation store"):
+        ConversationStore(tmp_path / "none.db", readonly=True)
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_state_list_reads_a_store_on_a_readonly_mount(tmp_path: Path) -> None:
+    """`state list` could not read a store on a read-only mount (issue 28, item 10): it opened
+    the store for writing, and SQLite cannot make a WAL store's shared memory there. Run in a
+    user and mount namespace of its own, where the folder is bound read-only."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    rw, ro = tmp_path / "rw", tmp_path / "ro"
+    rw.mkdir()
+    ro.mkdir()
+    _store_with_a_row(rw / "chats.db")
+    kvtool_cmd = f"{sys.executable} -m kvtool.commands state list --store {ro / 'chats.db'}"
+    script = f"mount --bind {rw} {ro} && mount -o remount,ro,bind {ro} && {kvtool_cmd}"
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount --bind {rw} {ro}"], capture_output=True)
+    if probe.returncode:
+        pytest.skip("no user and mount namespaces here")
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "kept" in r.stdout, r.stderr
