@@ -127,6 +127,7 @@ class GGUFFile:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self._content: str | None = None
         if not self.path.is_file():
             raise ModelLoadError(f"model file not found: {self.path}")
         size = self.path.stat().st_size
@@ -255,6 +256,14 @@ class GGUFFile:
         except ValueError as e:
             raise ModelLoadError(f"{self.path.name}: tensor {name}: {e}") from e
         return out.to(dtype)
+
+    def content_hash(self) -> str:
+        """SHA-256 of the whole file as it is mapped (metadata and every weight: what a saved
+        state depends on), first 32 hex digits; computed on first use, then kept. The map is
+        the model's own bytes: a file replaced on disk since the load does not change it."""
+        if self._content is None:
+            self._content = hashlib.sha256(self._mm).hexdigest()[:32]
+        return self._content
 
     def fingerprint(self) -> str:
         """Hash of architecture and every tensor's name, shape and type (not the data)."""

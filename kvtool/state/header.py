@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,20 +15,6 @@ from kvtool.state.container import canonical, shown
 if TYPE_CHECKING:
     from kvtool.model import Model
     from kvtool.sampling import Sampler
-
-_SAMPLE = 64 << 10
-
-
-def content_hash(path: Path) -> str:
-    """SHA-256 of the file size, its first and its last 64 KiB: tells apart models whose tensor
-    names and shapes agree (a fine-tune, another seed) without reading the whole file."""
-    size = path.stat().st_size
-    h = hashlib.sha256(str(size).encode())
-    with open(path, "rb") as f:
-        h.update(f.read(_SAMPLE))
-        f.seek(max(0, size - _SAMPLE))
-        h.update(f.read(_SAMPLE))
-    return h.hexdigest()[:32]
 
 
 def plain(obj: object) -> Any:
@@ -59,7 +43,7 @@ def model_identity(model: Model) -> dict[str, Any]:
         "name": model.name,
         "path": str(model.path.resolve()),  # where it was loaded from: a reader may load it again
         "fingerprint": model.fingerprint,
-        "content": content_hash(model.path),
+        "content": model.file.content_hash(),  # every byte: weights that differ anywhere differ
         "n_vocab": model.n_vocab,
         "hparams": plain(dataclasses.asdict(model.hparams)),
     }

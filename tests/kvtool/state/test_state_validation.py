@@ -66,6 +66,28 @@ def test_same_shapes_other_weights(tiny_llama, ctx_of, tokens, refused, tmp_path
     refused(live, lambda: live.state_set_data(src.state_get_data()), "another model")
 
 
+def test_weights_that_differ_in_the_middle(tiny_llama, ctx_of, tokens, refused, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The content hash saw the file's size, first and last 64 KiB: a model changed in between
+    loaded another model's state (issue 28, item 7). One weight of one middle tensor differs."""
+    data = bytearray(tiny_llama.path.read_bytes())
+    middle = next(
+        info
+        for name in tiny_llama.file.tensor_names()
+        if (info := tiny_llama.file.tensor_info(name)).offset > 64 << 10
+        and info.offset + info.n_bytes < len(data) - (64 << 10)
+    )
+    data[middle.offset] ^= 0x40
+    (tmp_path / "edited.gguf").write_bytes(data)
+    edited = kvtool.Model(tmp_path / "edited.gguf")
+    assert edited.fingerprint == tiny_llama.fingerprint and len(data) == tiny_llama.path.stat().st_size
+    src = ctx_of(edited, True)
+    kvtool.decode_tokens(src, tokens(edited, 6), 0, 0)
+    live = ctx_of(tiny_llama, True)
+    kvtool.decode_tokens(live, tokens(tiny_llama, 6), 0, 0)
+    refused(live, lambda: live.state_set_data(src.state_get_data()), "another model")
+    refused(live, lambda: live.state_seq_set_data(src.state_seq_get_data(0), 1), "another model")
+
+
 def test_other_format_version(live, refused) -> None:  # type: ignore[no-untyped-def]
     data = rewrite(live.state_get_data(), lambda s, t: s.update(version=1))
     refused(live, lambda: live.state_set_data(data), "version 1 is not supported")
