@@ -29,7 +29,9 @@ def main() -> None:
     ap.add_argument("-m", "--model", action="append", help="known name or GGUF path (repeat)")
     ap.add_argument("-r", "--reps", type=int, default=5)
     args = ap.parse_args()
-    print("| model | file MB | load ms | content hash ms | GB/s | seq save ms (1st, with hash) | seq save ms (next) |")
+    print(
+        "| model | file MB | load ms | content hash ms | GB/s | seq save ms (1st, with hash) | seq save ms (next) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name in args.model or ["smollm2", "gemma3-270m"]:
         kvtool.load_model(name)  # warm the page cache and the compiled kernels
@@ -37,7 +39,7 @@ def main() -> None:
         m = kvtool.load_model(name)
         load = (time.perf_counter() - t) * 1e3
         size = m.path.stat().st_size
-        hashed = _ms(lambda m=m: hashlib.sha256(m.file._mm).hexdigest(), args.reps)  # noqa: SLF001
+        hashed = _ms(lambda m=m: hashlib.sha256(m.file._mm).hexdigest(), args.reps)
         ctx = kvtool.Context(m, kvtool.ContextParams(n_ctx=512, n_batch=512, n_ubatch=512))
         kvtool.decode_tokens(ctx, m.tokenize("The quick brown fox jumps over the lazy dog. " * 20), 0, 0)
         t = time.perf_counter()
