@@ -29,9 +29,7 @@ def main() -> None:
     ap.add_argument("-m", "--model", action="append", help="known name or GGUF path (repeat)")
     ap.add_argument("-r", "--reps", type=int, default=5)
     args = ap.parse_args()
-    print(
-        "| model | file MB | load ms | content hash ms | GB/s | seq save ms (1st, with hash) | seq save ms (next) |"
-    )
+    print("| model | file MB | load ms | content hash ms | GB/s | 1st seq save ms (hashes) | next saves ms |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name in args.model or ["smollm2", "gemma3-270m"]:
         kvtool.load_model(name)  # warm the page cache and the compiled kernels
