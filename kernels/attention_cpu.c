@@ -3,7 +3,7 @@
  *
  * out[s, i, h] = softmax_c(scale * q[s, i, h] . k[s, c, h / g] + mask[s, i, c]) v[s, c, h / g]
  * with g = H / Hkv query heads per KV head; a key whose mask is -inf is skipped without being
- * read; a row that sees no key is zeros. K and V are read in their cache types, each its own
+ * read; a row that sees no key is zeros, a row with a NaN score is NaN. K and V are read in their cache types, each its own
  * (f32, f16, bf16, or the GGUF blocks of a quantized type, kv_blocks.h), at any strides with a
  * contiguous last dimension, so the cache is never copied or dequantized as a whole. Over a
  * quantized K the query row is quantized to q8_0/q8_1 and each key is an integer dot product
@@ -414,6 +414,12 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
             memset(o, 0, sizeof(float) * (size_t)A->Dv);
             if (qk) kvb_quantize_q(q, A->D, Q.q, Q.d, Q.s);
             const float mx = scores(A, q, &Q, kb, vb, m, sc);
+            int nan = 0;
+            for (int64_t c = 0; c < A->n_kv; c++) nan |= sc[c] != sc[c];
+            if (nan) { /* NaN in Q or K: the row is NaN, as softmax makes it (not zeros, not hidden) */
+                for (int64_t j = 0; j < A->Dv; j++) o[j] = NAN;
+                continue;
+            }
             if (mx == -INFINITY) continue; /* sees no key: zeros */
             if (online) {
                 online_sum(A, o, sc, w, vb);

@@ -17,7 +17,7 @@ from kvtool.memory.base import MemoryContext
 from kvtool.memory.spec import MemorySpec
 from kvtool.models import ARCHITECTURES, SplitForward
 from kvtool.models.device_file import on_device
-from kvtool.models.hparams import HParams
+from kvtool.models.hparams import HParams, bad_key
 from kvtool.models.hparams_check import check_model
 from kvtool.models.inputs import ForwardInputs
 from kvtool.models.linear import QUANT_MAX_ROWS, check_weights_mode, computes_natively, weights_for_device
@@ -58,6 +58,9 @@ class Model:
         tensors.refuse_unclaimed()
         # the architecture again where its forward splits into inputs and device work
         self._split: SplitForward | None = self.impl if isinstance(self.impl, SplitForward) else None
+        template = self.file.get("tokenizer.chat_template", None)
+        if template is not None and not isinstance(template, str):  # llama.cpp refuses the load too
+            raise bad_key(self.file, "tokenizer.chat_template", template, "not a string")
         self.use_chat_template(jinja=False)
         self.fingerprint = self.file.fingerprint()
         self._native = self.device.type == "cpu" and computes_natively(self.file, weights, QUANT_MAX_ROWS)
@@ -90,7 +93,8 @@ class Model:
 
     @property
     def name(self) -> str:
-        return str(self.file.get("general.name", self.path.stem))
+        name = self.file.get("general.name", None)
+        return name if isinstance(name, str) and name else self.path.stem
 
     def n_params(self) -> int:
         return sum(int(torch.Size(self.file.tensor_shape(n)).numel()) for n in self.file.tensor_names())

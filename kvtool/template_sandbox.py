@@ -6,7 +6,8 @@ but not spending the machine: `'x' * 10**10`, a string doubled in a loop, nested
 `range(10**5)`, a macro calling itself twice. Here every render carries a budget (`Limits`):
 
 - time: a deadline, checked at every hook the template's code passes through: attribute and
-  item access, calls (macros included), operators, each step of a `for` loop, each output chunk;
+  item access, calls (macros included), operators, each step of a `for` loop, each output chunk,
+  each item a built-in filter or global (`lipsum`, `slice`, `batch`, `map`...) yields;
 - size: each string, list or tuple the template builds (operators, `~`, filters, str methods,
   `%` and `str.format`, output values) is checked against `max_chars` *before* it is built when
   its size can be known (`'x' * n`, `center(n)`, `'%*d'`, joins), else right after;
@@ -19,7 +20,7 @@ Exceeding any bound raises TemplateError with one line."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sized
 from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import wraps
@@ -38,6 +39,9 @@ from kvtool.template_sizes import filter_size, operator_size, str_method_size, t
 _MAX_POW_BITS = 1 << 16
 # Values at least this large are followed by a look at resident memory.
 _LARGE = 1 << 16
+# Filters that sort their input in one C call; they take at most this many items.
+_SORTS = frozenset({"sort", "dictsort", "groupby", "unique"})
+_MAX_SORT = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -118,8 +122,10 @@ def render(template: jinja2.Template, limits: Limits, **variables: Any) -> Itera
 
 
 def guard_filter(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
-    """`f` with the budget's checks: a tick, a size check before (where the size can be told)
-    and after. jinja's pass_context & co. markers are kept by `wraps`."""
+    """`f` (a filter or a global function) with the budget's checks: a tick, a size check before
+    (where the size can be told) and after, and a tick for each item a generator it returns
+    yields (`range(10)|slice(2000000000)` ran for a minute inside one call). jinja's
+    pass_context & co. markers are kept by `wraps`."""
 
     @wraps(f)
     def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -130,9 +136,19 @@ def guard_filter(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
         size = filter_size(name, tuple(plain), kwargs, b.limits.max_chars)
         if size is not None:
             b.fits(size, f"'{name}' result")
-        return b.built(f(*args, **kwargs))
+        if name in _SORTS and plain and isinstance(plain[0], Sized) and len(plain[0]) > _MAX_SORT:
+            # one sort runs in C, where no tick can stop it: refused by its size instead
+            raise TemplateError(f"sorts {len(plain[0])} items with '{name}' (at most {_MAX_SORT})")
+        out = b.built(f(*args, **kwargs))
+        return _ticking(out, b) if isinstance(out, Iterator) else out
 
     return guarded
+
+
+def _ticking(items: Iterator[Any], b: Budget) -> Iterator[Any]:
+    for item in items:
+        b.tick()
+        yield item
 
 
 @jinja2.pass_context
@@ -173,10 +189,14 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         self.filters["kvtool_each_step"] = _each_step
 
     def guard_filters(self) -> None:
-        """Puts every filter (call it once the template's own are added) under the budget."""
+        """Puts every filter and global function (call it once the template's own are added)
+        under the budget."""
         for name, f in list(self.filters.items()):
             if name != "kvtool_each_step":
                 self.filters[name] = guard_filter(name, f)
+        for name, g in list(self.globals.items()):
+            if callable(g):
+                self.globals[name] = guard_filter(name, g)
 
     def _parse(self, source: str, name: str | None, filename: str | None) -> jinja2.nodes.Template:
         tree = super()._parse(source, name, filename)

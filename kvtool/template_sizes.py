@@ -69,7 +69,7 @@ def format_size(fmt: str, args: tuple[Any, ...], kwargs: dict[str, Any], limit: 
 
 def operator_size(operator: str, left: Any, right: Any, limit: int) -> int | None:
     """The size of `left <operator> right` when it builds a string, list or tuple (else None)."""
-    seq = (str, list, tuple)
+    seq = (str, list, tuple, bytes, bytearray)
     if operator == "+" and isinstance(left, seq) and isinstance(right, seq):
         return len(left) + len(right)
     if operator == "*":
@@ -109,11 +109,29 @@ def replace_size(s: str, old: str, new: str) -> int:
     return len(s) + hits * (len(new) - len(old))
 
 
+_LIPSUM_WORD = 20  # characters a lipsum word takes at most, with its space or punctuation
+
+
+def _arg(rest: tuple[Any, ...], kwargs: dict[str, Any], i: int, name: str, default: Any) -> Any:
+    return rest[i] if len(rest) > i else kwargs.get(name, default)
+
+
 def filter_size(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], limit: int) -> int | None:
-    """The size of a filter's result when it can outgrow its arguments and can be told before
-    it runs (else None: it is checked after)."""
+    """The size of a filter's (or a global function's) result when it can outgrow its arguments
+    and can be told before it runs (else None: it is checked after)."""
     value = args[0] if args else None
     rest = args[1:]
+    if name == "lipsum":  # lipsum(n=5, html=True, min=20, max=100): paragraphs of words
+        n, top = _arg(args, kwargs, 0, "n", 5), _arg(args, kwargs, 3, "max", 100)
+        if isinstance(n, int) and isinstance(top, int):
+            return max(n, 0) * (max(top, 1) + 1) * _LIPSUM_WORD
+        return None
+    if name == "slice":  # as many lists as slices, whatever the value's length
+        slices = _arg(rest, kwargs, 0, "slices", 0)
+        return slices if isinstance(slices, int) else None
+    if name == "batch" and _arg(rest, kwargs, 1, "fill_with", None) is not None:
+        count = _arg(rest, kwargs, 0, "linecount", 0)  # the last batch is filled up to it
+        return count if isinstance(count, int) else None
     if name == "center":
         width = rest[0] if rest else kwargs.get("width", 80)
         return text_size(value, limit) + (width if isinstance(width, int) else 0)

@@ -8,6 +8,7 @@ tokenizing, BOS/EOS and the leading space, token pieces and detokenization.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,18 @@ if TYPE_CHECKING:
 _SPACE = "\u2581"  # SentencePiece's escaped space
 _SPECIAL = int(Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN)  # split out before tokenizing
 _HIDDEN = int(Attr.CONTROL | Attr.UNKNOWN)  # parsed and rendered only on request
+
+
+_HEX_PREFIX = re.compile(r"\s*([+-]?)(?:0[xX](?=[0-9a-fA-F]))?([0-9a-fA-F]*)")
+
+
+def _byte_value(text: str) -> int:
+    """A BYTE token's byte as llama.cpp's token_to_byte reads it: strtol(text[3:5], 16), cast to
+    a char; a text that is not `<0xHH>` gives what strtol gives (0 when no digit), never an
+    error."""
+    m = _HEX_PREFIX.match(text[3:5])
+    v = int(m[2], 16) if m and m[2] else 0
+    return (-v if m and m[1] == "-" else v) & 0xFF
 
 
 class Vocab:
@@ -210,8 +223,8 @@ class Vocab:
                 else:
                     out.append(b)
             return bytes(out)
-        if attr & Attr.BYTE:
-            return bytes([int(text[3:5], 16)])
+        if attr & Attr.BYTE:  # "<0xHH>": llama.cpp reads the hex digits after "<0x" with strtol
+            return bytes([_byte_value(text)])
         return b""  # unused / undefined tokens render as nothing
 
     def detokenize(self, ids: Sequence[int], special: bool = False) -> str:

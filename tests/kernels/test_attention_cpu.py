@@ -59,3 +59,27 @@ def test_what_it_does_not_take() -> None:
     assert not attention_cpu.applies(q, k, k.to(torch.uint8))  # blocks, but of which type?
     with pytest.raises(ValueError, match="mask"):
         attention_cpu.attention_cpu(q, k, k, torch.zeros(1, 1, 3), 1.0)
+
+
+@pytest.mark.parametrize("where", ["q", "k", "one key"])
+def test_a_nan_score_makes_the_row_nan_as_the_reference(where: str) -> None:
+    """A NaN in Q or K made every score of a row NaN, and the kernel wrote such a row as zeros,
+    as it writes a row that sees no key: the model's NaN was hidden and the documented 'NaN
+    logits' error never came (issue 28, item 6). The reference (softmax) gives NaN; so does the
+    kernel now, and a row that sees no key stays zeros."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 1, 4, 32, generator=gen) for _ in range(3))
+    k, v = k.expand(2, 16, 4, 32).clone(), v.expand(2, 16, 4, 32).clone()
+    mask = torch.zeros(2, 1, 16)
+    mask[1] = float("-inf")  # stream 1 sees nothing
+    if where == "q":
+        q[0, 0, 2, 7] = float("nan")
+    elif where == "k":
+        k[0, :, 1, 3] = float("nan")
+    else:
+        k[0, 9, 0, 0] = float("nan")
+    got = attention_cpu.attention_cpu(q, k, v, mask, 0.25)
+    want = attention_ref(q, k, v, mask, 0.25)
+    assert torch.equal(got.isnan(), want.isnan()) and got[0].isnan().any()
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    torch.testing.assert_close(got[~want.isnan()], want[~want.isnan()], rtol=1e-5, atol=1e-5)

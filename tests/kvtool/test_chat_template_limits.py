@@ -43,6 +43,12 @@ SIZE = [
     "{% set s = 'x' * 1000000 %}{{ [s, s]|tojson }}",
     "{% set s = 'x' * 1000000 %}{{ s ~ s }}",
     "{% set s = 'x' * 1000000 %}{{ ''.join([s, s]) }}",
+    # built-ins whose size their arguments tell (issue 28, item 9)
+    "{{ lipsum(n=2000000) }}",
+    "{{ lipsum(5, False, 20, 10**9) }}",
+    "{{ range(10)|slice(2000000000)|list }}",
+    "{{ range(3)|batch(2000000000, 'x')|list }}",
+    "{{ 'x'.encode() * 10**10 }}",
 ]
 TIME = [
     "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
@@ -52,6 +58,10 @@ TIME = [
     "{% endfor %}{% endfor %}{% endfor %}",
     "{% for i in range(100000) %}{% set x = messages|map(attribute='role')|list %}{% endfor %}"
     "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    # built-ins that yield item by item, each item a hook (one call ran for a minute)
+    "{{ range(10)|slice(1000000)|list|length }}",
+    "{{ range(100000)|map('string')|map('center', 5)|map('trim')|list|length }}"
+    "{{ range(100000)|map('string')|map('center', 5)|map('trim')|list|length }}" * 3,
 ]
 
 
@@ -71,6 +81,14 @@ def test_a_value_too_large_is_refused(src: str) -> None:
 @pytest.mark.parametrize("src", TIME)
 def test_a_render_past_its_time_limit_stops(src: str) -> None:
     assert "time limit (0.5 s)" in _render_error(src)
+
+
+def test_a_sort_too_large_for_the_time_limit_is_refused_by_its_size() -> None:
+    """A sort runs in one C call no hook can stop: more than 2**20 items are refused first."""
+    src = "{% set x = range(100000)|list %}{{ (x * 20)|sort|length }}"
+    limits = Limits(time_s=5.0, max_chars=1 << 24, max_growth_bytes=1 << 30)
+    assert "sorts 2000000 items with 'sort'" in _render_error(src, limits)
+    assert ChatTemplate("{{ range(1000)|list|sort|length }}", limits=SMALL).apply(MSGS) == "1000"
 
 
 def test_recursion_and_huge_ranges_are_one_line() -> None:
