@@ -1,5 +1,6 @@
 """The compiled CPU kernels (cpu_pool.c, qmatmul.c, attention_cpu.c, rope_store_cpu.c,
-kv_quant_cpu.c, decoder_cpu.c): built once per machine, loaded with ctypes.
+kv_quant_cpu.c, decoder_cpu.c) and the guard of mapped model files (mmap_guard.c): built once
+per machine, loaded with ctypes.
 
 `cc -O3` for this CPU (`-march=native` on x86, `-mcpu=native` on ARM, as llama.cpp's native
 builds) builds every C file of this folder into one shared object in the user's cache
@@ -158,6 +159,12 @@ def load(path: Path) -> ctypes.CDLL | None:
         lib.kvq_set_threads.restype = ctypes.c_int
         lib.kvq_simd.argtypes = []
         lib.kvq_simd.restype = ctypes.c_char_p
+        lib.kvg_guard.argtypes = [ptr, i64]
+        lib.kvg_guard.restype = ctypes.c_int
+        lib.kvg_unguard.argtypes = [ptr]
+        lib.kvg_unguard.restype = None
+        lib.kvg_faults.argtypes = [ptr]
+        lib.kvg_faults.restype = i64
     except AttributeError:  # a library of other sources: a function is missing
         return None
     lib.kvq_set_threads(torch.get_num_threads())

@@ -198,6 +198,7 @@ class Context:
                         parts.append((out_row[ub.idx[ub.output]], rows.float().cpu()))
                     if not mctx.next():
                         break
+            self.model.file.check_intact()  # weights read from a file cut short are zeros
             logits = _in_batch_order(parts, alloc.n_outputs, self.model.n_vocab)
         except (MemoryError, torch.OutOfMemoryError) as e:
             mctx.rollback()

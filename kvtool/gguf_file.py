@@ -13,6 +13,7 @@ import math
 import mmap
 import struct
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from kvtool.errors import ModelLoadError
+from kvtool.kernels import mmap_guard
 from kvtool.kernels.dequant import dequantize
 
 _MISSING = object()
@@ -136,6 +138,11 @@ class GGUFFile:
             if magic != b"GGUF":
                 raise ModelLoadError(f"{self.path} is not a GGUF file (magic {magic!r})")
             self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        # a file truncated while mapped reads zeros past its end instead of killing the process
+        # (SIGBUS); check_intact() then refuses what was computed from them
+        self._guard = mmap_guard.guard(self._mm)
+        if self._guard is not None:
+            weakref.finalize(self, mmap_guard.unguard, self._guard)
         try:
             self._fields, self._tensors = self._parse(size)
         except ModelLoadError as e:
@@ -257,12 +264,23 @@ class GGUFFile:
             raise ModelLoadError(f"{self.path.name}: tensor {name}: {e}") from e
         return out.to(dtype)
 
+    def check_intact(self) -> None:
+        """Raises ModelLoadError if a read found part of the file gone (it was truncated while
+        mapped): what was computed since is wrong."""
+        if self._guard is not None and mmap_guard.faults(self._guard):
+            raise ModelLoadError(
+                f"{self.path}: the model file was cut short while in use (truncated or rewritten): "
+                "load it again"
+            )
+
     def content_hash(self) -> str:
         """SHA-256 of the whole file as it is mapped (metadata and every weight: what a saved
         state depends on), first 32 hex digits; computed on first use, then kept. The map is
         the model's own bytes: a file replaced on disk since the load does not change it."""
         if self._content is None:
-            self._content = hashlib.sha256(self._mm).hexdigest()[:32]
+            digest = hashlib.sha256(self._mm).hexdigest()[:32]
+            self.check_intact()
+            self._content = digest
         return self._content
 
     def fingerprint(self) -> str:

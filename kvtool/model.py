@@ -63,6 +63,7 @@ class Model:
             raise bad_key(self.file, "tokenizer.chat_template", template, "not a string")
         self.use_chat_template(jinja=False)
         self.fingerprint = self.file.fingerprint()
+        self.file.check_intact()
         self._native = self.device.type == "cpu" and computes_natively(self.file, weights, QUANT_MAX_ROWS)
 
     def use_chat_template(self, jinja: bool) -> None:

@@ -200,9 +200,9 @@ class Keeper:
         why = (e.strerror if isinstance(e, OSError) else None) or str(e)
         old = self._rescued.get(key)
         try:
-            data = session.state_data()
-        except kvtool.KvtoolError:
-            data = b""
+            data: bytes | None = session.state_data()
+        except kvtool.KvtoolError:  # (a model file cut short): the messages alone are kept
+            data = None
         where = rescue.rescue(data, session.messages, old.stem if old else rescue.name_for(label))
         if where is None:
             line = f"cannot save the conversation {label} ({why}), and nowhere else would take it"

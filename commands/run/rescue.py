@@ -33,13 +33,13 @@ def name_for(label: str) -> str:
     return f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
-def rescue(data: bytes, messages: list[dict[str, str]], name: str) -> Path | None:
-    """Writes the conversation (its state, else its messages) as `name` in the first folder
-    that takes it; returns the file, or None when none does."""
-    for suffix, payload, kind in (
-        (".kvs", data, files.STATE_FILE),
-        (".json", json.dumps({"messages": messages}, ensure_ascii=False).encode(), _JSON),
-    ):
+def rescue(data: bytes | None, messages: list[dict[str, str]], name: str) -> Path | None:
+    """Writes the conversation (its state `data`, else or when None its messages) as `name` in
+    the first folder that takes it; returns the file, or None when none does."""
+    kinds = [(".json", json.dumps({"messages": messages}, ensure_ascii=False).encode(), _JSON)]
+    if data is not None:
+        kinds.insert(0, (".kvs", data, files.STATE_FILE))
+    for suffix, payload, kind in kinds:
         for folder in folders():
             path = folder / f"{name}{suffix}"
             with contextlib.suppress(KvtoolError, OSError):
