@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from kvtool.commands.common.text import open_input
 from kvtool.commands.defrag_sim.names import TRACE_KIND
 from kvtool.commands.defrag_sim.workload import Copy, Decode, Free, Op, Run, Workload, op_end
 from kvtool.common import files
@@ -143,7 +144,7 @@ def read_trace(path: Path) -> tuple[Workload, dict[str, Any]]:
     time, each bounded (a device, a FIFO or a file that is no trace is refused at its first
     line, not read whole)."""
     try:
-        with open(path, "rb") as f:
+        with open_input(path) as f:
             return _read(path, _lines(path, f))
     except OSError as e:
         raise TraceError(f"cannot read {path}: {e.strerror}") from None

@@ -11,6 +11,7 @@ store locked for longer than its timeout) is one error line, and the conversatio
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,6 +35,12 @@ def say(text: str, style: str = "") -> None:
 
 def _note(text: str) -> None:
     say(f"({text})", style="yellow")
+
+
+def _absolute(name: str) -> Path:
+    """A file name the user typed, relative to where kvtool runs; symlinks are left to the
+    writer and reader (resolving one that loops would raise)."""
+    return Path(os.path.abspath(Path(name).expanduser()))
 
 
 class Keeper:
@@ -86,7 +93,7 @@ class Keeper:
             else:
                 self.pool.save(self.name, as_name=name)
             return f"saved as '{name}' in the store {self.pool.store.path}"
-        path = Path(name).expanduser().resolve()  # a file name, relative to where kvtool runs
+        path = _absolute(name)
         with signals.held():
             n = self.session.save_state(path)
         return f"saved to {path}: {n:,} bytes; /load {name} or --session {name} resumes it"
@@ -104,7 +111,7 @@ class Keeper:
             if not known:  # a store's /load switches, so a new name starts a conversation
                 return f"no conversation '{name}' in the store: started it empty"
             return f"conversation '{name}': {self._summary()}"
-        path = Path(name).expanduser().resolve()
+        path = _absolute(name)
         if not path.exists():
             raise kvtool.StateError(f"no saved conversation at {path}")
         self.session.load_state(path)  # all checked first: a failed load changes nothing

@@ -261,13 +261,22 @@ def _paths(f: Files, rng: random.Random) -> list[str]:
     ]  # fmt: skip
 
 
+def option_kind(opt: Any) -> type:
+    """int, float, Path or str: what an option takes. typer names the annotation's type (a
+    string such as 'int | None', its annotations being postponed), so the name is read."""
+    kind = opt.bare_type() if callable(getattr(opt, "bare_type", None)) else str
+    name = kind if isinstance(kind, str) else getattr(kind, "__name__", "str")
+    first = name.split("|")[0].strip()
+    return {"int": int, "float": float, "Path": Path}.get(first, str)
+
+
 def _value(rng: random.Random, opt: Any, f: Files) -> str:
     name = max(opt.opts, key=len)
     if name == "--model" or name == "-m":
         return f.model if rng.random() < 0.7 else rng.choice([*_paths(f, rng), "smollm2x", "tiny"])
     if name == "--server":  # nothing reachable: refused at once or not a URL
         return rng.choice(["http://127.0.0.1:9", "notaurl", "", "http://[::1", "ftp://127.0.0.1:9", NON_UTF8])
-    kind = opt.bare_type() if callable(getattr(opt, "bare_type", None)) else str
+    kind = option_kind(opt)
     roll = rng.random()
     if kind is int:
         return rng.choice(INTS if roll < 0.35 else HOSTILE_INTS if roll < 0.85 else JUNK_INTS)
@@ -442,4 +451,5 @@ def test_a_binary_trace_is_an_error_line(files: Files, worker: Worker) -> None:
     """defrag-sim --trace on a file that is not UTF-8 text (was a UnicodeDecodeError)."""
     res = worker.run(["defrag-sim", "--policy", "paged", "--trace", files.binary])
     assert problem(res) is None and res["rc"] == 2
-    assert "is not a trace" in res["err"]
+    # read a line at a time: its first line (bytes 0-10) is text, and not JSON
+    assert "binary.bin:1: not JSON" in res["err"]
