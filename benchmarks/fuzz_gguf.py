@@ -1,13 +1,19 @@
 """Longer GGUF fuzzing than the CI run (tests/fuzz/test_gguf_fuzz.py): every structured mutation
 of the eight tiny models, then random bit flips, until the time is up.
 
-    .venv/bin/python -m benchmarks.fuzz_gguf --minutes 10 [--seed 0]
+    .venv/bin/python -m benchmarks.fuzz_gguf --minutes 10 [--seed 0] [--contents]
 
 Each case is written to a temporary file and loaded (and, when that works, one token decoded);
 a KvtoolError is the expected refusal. Anything else, a case that runs past --case-timeout
 seconds (a hang), or an allocation past the capped address space is a failure: the script
 prints how many cases it tried, how each ended, and every failure with the mutation that made
 it. Exit status 1 when there was a failure.
+
+--contents runs the contents mutations instead (tests/fuzz/gguf_contents.py: valid files with
+metadata of other types, odd vocabularies, hostile templates, NaN and infinite weights) on the
+eight tiny models and a byte-level BPE variant with a chat template, every case once, then
+again with other random token and weight positions until the time is up; each case is
+exercised as the verbs use a model (template, tokens, pieces, decode, sampling).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import collections
 import itertools
 import random
 import signal
+import struct
 import sys
 import tempfile
 import time
@@ -23,6 +30,7 @@ import traceback
 from pathlib import Path
 
 from benchmarks.fuzz_args import fuzz_parser
+from tests.fuzz.gguf_contents import bpe_base, check, content_cases, exercise
 from tests.fuzz.gguf_mutations import all_cases, bit_flips, capped_address_space, load_and_decode, read_layout
 
 MODELS = Path(__file__).parent.parent / "tests" / "data" / "tiny" / "models"
@@ -40,7 +48,10 @@ def _alarm(signum: int, frame: object) -> None:
 def main() -> int:
     ap = fuzz_parser(__doc__, seed=0)
     ap.add_argument("--case-timeout", type=int, default=60)
+    ap.add_argument("--contents", action="store_true", help="mutate contents, not the layout")
     args = ap.parse_args()
+    if args.contents:
+        return contents(args.minutes, args.seed, args.case_timeout)
     # torch and the engine are imported before the address space is capped
     import kvtool
     import kvtool.context
@@ -81,6 +92,61 @@ def main() -> int:
     print(
         f"{n} cases in {args.minutes:g} min (seed {args.seed}): "
         + ", ".join(f"{k} {v}" for k, v in outcomes.items())
+    )
+    for f in failures:
+        print("FAIL", f)
+    return 1 if failures else 0
+
+
+def contents(minutes: float, seed: int, case_timeout: int) -> int:
+    import kvtool
+    import kvtool.context
+    import kvtool.model  # noqa: F401
+
+    rng = random.Random(seed)
+    outcomes: collections.Counter[str] = collections.Counter()
+    failures: list[str] = []
+    end = time.monotonic() + 60 * minutes
+    signal.signal(signal.SIGALRM, _alarm)
+    n = rounds = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        bases = [(a, MODELS / f"tiny-{a}.gguf") for a in ARCHS]
+        bases.append(("bpe", bpe_base(MODELS / "tiny-llama.gguf", Path(tmp) / "bpe.gguf")))
+        with capped_address_space():
+            while time.monotonic() < end:
+                rounds += 1
+                for arch, base in bases:
+                    attention = arch not in ("mamba", "mamba2", "rwkv6", "rwkv7")
+                    for case in content_cases(base, rng):
+                        if time.monotonic() > end:
+                            break
+                        try:
+                            path = case.write(base, Path(tmp) / "case.gguf")
+                        except (ValueError, struct.error):  # gguf's writer refuses it
+                            outcomes["unwritable"] += 1
+                            continue
+                        n += 1
+                        signal.alarm(case_timeout)
+                        try:
+                            outcome = exercise(path, attention)
+                            outcomes["ok" if outcome == "ok" else "KvtoolError"] += 1
+                            defect = check(case, outcome, attention)
+                            if defect:
+                                outcomes["silently wrong"] += 1
+                                failures.append(f"{arch} {case.name}: {defect}")
+                        except CaseTimeout:
+                            outcomes["hang"] += 1
+                            failures.append(f"{arch} {case.name}: no result after {case_timeout} s")
+                        except Exception as e:
+                            outcomes[type(e).__name__] += 1
+                            where = traceback.extract_tb(e.__traceback__)[-1]
+                            at = f"{where.filename}:{where.lineno}"
+                            failures.append(f"{arch} {case.name}: {type(e).__name__} at {at}: {e}"[:300])
+                        finally:
+                            signal.alarm(0)
+    print(
+        f"{n} content cases in {minutes:g} min, {rounds} round(s) over {len(ARCHS) + 1} models "
+        f"(seed {seed}): " + ", ".join(f"{k} {v}" for k, v in outcomes.items())
     )
     for f in failures:
         print("FAIL", f)

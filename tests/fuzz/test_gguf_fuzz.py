@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fuzz.gguf_contents import bpe_base, check, content_cases, exercise
 from tests.fuzz.gguf_mutations import all_cases, capped_address_space, load_and_decode
 
 MODELS = Path(__file__).parent.parent / "data" / "tiny" / "models"
@@ -38,3 +39,34 @@ def test_mutated_gguf_loads_or_fails_in_one_line(arch: str, tmp_path: Path) -> N
             path.unlink()
     assert any(o.startswith("error:") for o in outcomes)
     assert all("\n" not in o for o in outcomes)
+
+
+CONTENT_ARCHS = ["llama", "bpe", "gemma3", "mamba", "granitehybrid"]
+CONTENT_CASES = 40  # per model: a sample of each model's few hundred
+
+
+@pytest.mark.parametrize("arch", CONTENT_ARCHS)
+def test_mutated_contents_work_or_fail_in_one_line(arch: str, tmp_path: Path) -> None:
+    """Valid files with hostile contents (tests/fuzz/gguf_contents.py): metadata of other types,
+    odd token texts and types, hostile templates, NaN and infinite weights."""
+    base = (
+        bpe_base(MODELS / "tiny-llama.gguf", tmp_path / "bpe.gguf")
+        if arch == "bpe"
+        else MODELS / f"tiny-{arch}.gguf"
+    )
+    rng = random.Random(f"gguf-contents-{arch}")
+    cases = list(content_cases(base, rng))
+    sample = rng.sample(cases, CONTENT_CASES) + [c for c in cases if c.hides_nan]
+    attention = arch != "mamba"
+    outcomes = []
+    with capped_address_space():
+        for case in sample:
+            path = case.write(base, tmp_path / "case.gguf")
+            try:
+                outcome = exercise(path, attention)
+            except Exception as e:  # the defect: anything but a KvtoolError
+                pytest.fail(f"{arch} {case.name}: {type(e).__name__}: {e}")
+            defect = check(case, outcome, attention)
+            assert defect is None, f"{arch} {case.name}: {defect}"
+            outcomes.append(outcome)
+    assert any(o.startswith("error:") for o in outcomes) and "ok" in outcomes
