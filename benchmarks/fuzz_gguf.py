@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.fuzz_args import fuzz_parser
@@ -74,20 +75,10 @@ def main() -> int:
             path = Path(tmp) / f"case{n}.gguf"
             path.write_bytes(case.data())
             n += 1
-            signal.alarm(args.case_timeout)
-            try:
-                outcomes["ok" if load_and_decode(path) == "ok" else "KvtoolError"] += 1
-            except CaseTimeout:
-                outcomes["hang"] += 1
-                failures.append(f"{case.name}: no result after {args.case_timeout} s")
-            except Exception as e:
-                outcomes[type(e).__name__] += 1
-                where = traceback.extract_tb(e.__traceback__)[-1]
-                failures.append(
-                    f"{case.name}: {type(e).__name__} at {where.filename}:{where.lineno}: {e}"[:300]
-                )
-            finally:
-                signal.alarm(0)
+            outcome = attempt(lambda path=path: load_and_decode(path), case.name, args.case_timeout, failures)
+            outcomes[
+                "ok" if outcome == "ok" else "KvtoolError" if outcome.startswith("error") else outcome
+            ] += 1
             path.unlink()
     print(
         f"{n} cases in {args.minutes:g} min (seed {args.seed}): "
@@ -96,6 +87,23 @@ def main() -> int:
     for f in failures:
         print("FAIL", f)
     return 1 if failures else 0
+
+
+def attempt(run: Callable[[], str], name: str, timeout: int, failures: list[str]) -> str:
+    """One case under a time limit: its outcome ("ok", "error: ..."), or "hang" or the name of
+    the exception that escaped, recorded in `failures`."""
+    signal.alarm(timeout)
+    try:
+        return run()
+    except CaseTimeout:
+        failures.append(f"{name}: no result after {timeout} s")
+        return "hang"
+    except Exception as e:
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        failures.append(f"{name}: {type(e).__name__} at {where.filename}:{where.lineno}: {e}"[:300])
+        return type(e).__name__
+    finally:
+        signal.alarm(0)
 
 
 def contents(minutes: float, seed: int, case_timeout: int) -> int:
@@ -126,24 +134,25 @@ def contents(minutes: float, seed: int, case_timeout: int) -> int:
                             outcomes["unwritable"] += 1
                             continue
                         n += 1
-                        signal.alarm(case_timeout)
-                        try:
-                            outcome = exercise(path, attention)
-                            outcomes["ok" if outcome == "ok" else "KvtoolError"] += 1
-                            defect = check(case, outcome, attention)
-                            if defect:
-                                outcomes["silently wrong"] += 1
-                                failures.append(f"{arch} {case.name}: {defect}")
-                        except CaseTimeout:
-                            outcomes["hang"] += 1
-                            failures.append(f"{arch} {case.name}: no result after {case_timeout} s")
-                        except Exception as e:
-                            outcomes[type(e).__name__] += 1
-                            where = traceback.extract_tb(e.__traceback__)[-1]
-                            at = f"{where.filename}:{where.lineno}"
-                            failures.append(f"{arch} {case.name}: {type(e).__name__} at {at}: {e}"[:300])
-                        finally:
-                            signal.alarm(0)
+                        name = f"{arch} {case.name}"
+                        outcome = attempt(
+                            lambda path=path, a=attention: exercise(path, a), name, case_timeout, failures
+                        )
+                        defect = (
+                            check(case, outcome, attention)
+                            if outcome == "ok" or outcome.startswith("error")
+                            else None
+                        )
+                        if defect:
+                            outcome = "silently wrong"
+                            failures.append(f"{name}: {defect}")
+                        outcomes[
+                            "ok"
+                            if outcome == "ok"
+                            else "KvtoolError"
+                            if outcome.startswith("error")
+                            else outcome
+                        ] += 1
     print(
         f"{n} content cases in {minutes:g} min, {rounds} round(s) over {len(ARCHS) + 1} models "
         f"(seed {seed}): " + ", ".join(f"{k} {v}" for k, v in outcomes.items())

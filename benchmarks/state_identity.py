@@ -15,7 +15,8 @@ import time
 import kvtool
 
 
-def _ms(f, reps: int) -> float:  # type: ignore[no-untyped-def]
+def median_ms(f, reps: int) -> float:  # type: ignore[no-untyped-def]
+    """The median of `reps` timed calls of f(), in milliseconds."""
     times = []
     for _ in range(reps):
         t = time.perf_counter()
@@ -37,13 +38,13 @@ def main() -> None:
         m = kvtool.load_model(name)
         load = (time.perf_counter() - t) * 1e3
         size = m.path.stat().st_size
-        hashed = _ms(lambda m=m: hashlib.sha256(m.file._mm).hexdigest(), args.reps)
+        hashed = median_ms(lambda m=m: hashlib.sha256(m.file._mm).hexdigest(), args.reps)
         ctx = kvtool.Context(m, kvtool.ContextParams(n_ctx=512, n_batch=512, n_ubatch=512))
         kvtool.decode_tokens(ctx, m.tokenize("The quick brown fox jumps over the lazy dog. " * 20), 0, 0)
         t = time.perf_counter()
         ctx.state_seq_get_data(0)
         first = (time.perf_counter() - t) * 1e3
-        later = _ms(lambda ctx=ctx: ctx.state_seq_get_data(0), args.reps)
+        later = median_ms(lambda ctx=ctx: ctx.state_seq_get_data(0), args.reps)
         print(
             f"| {name} | {size / 1e6:.1f} | {load:.0f} | {hashed:.0f} | {size / hashed / 1e6:.2f} "
             f"| {first:.0f} | {later:.0f} |"

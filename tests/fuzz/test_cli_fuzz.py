@@ -408,19 +408,7 @@ def fuzz(cases: Iterator[CliCase], n: int, worker: Worker, timeout: float) -> li
     return found
 
 
-# -- the bounded CI run ------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
-    return Files.make(tmp_path_factory.mktemp("cli-fuzz"))
-
-
-@pytest.fixture(scope="module")
-def worker() -> Iterator[Worker]:
-    w = Worker()
-    yield w
-    w.close()
+# -- the bounded CI run (the `files` and `worker` fixtures: tests/fuzz/conftest.py) -----------
 
 
 def test_worker_reports_what_escapes(worker: Worker) -> None:

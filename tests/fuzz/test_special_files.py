@@ -3,25 +3,10 @@ the whole sweep, each case in the CLI fuzzer's worker (memory and time limited).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.fuzz.special_files import all_cases, describe, fed, make_specials
 from tests.fuzz.test_cli_fuzz import Files, Worker, problem
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
-    return Files.make(tmp_path_factory.mktemp("special-fuzz"))
-
-
-@pytest.fixture(scope="module")
-def worker() -> Iterator[Worker]:
-    w = Worker()
-    yield w
-    w.close()
 
 
 def test_every_path_takes_every_special_file(files: Files, worker: Worker, tmp_path: Path) -> None:
