@@ -139,6 +139,10 @@ def bench(
         if fmt is not None and fmt not in ("md", "csv", "json", "jsonl"):
             raise typer.BadParameter("md, csv, json or jsonl", param_hint=flag)
     models = [x for m in (model or [registry.DEFAULT_MODEL]) for x in m.split(",") if x]
+    dev = common.gpu_layers_device(
+        common.devices.device_setting(device, n_gpu_layers), device, n_gpu_layers, err
+    )
+    common.check_weights(weights)
     for name in models:  # every -m is a file or a known name before the first test runs
         if name not in registry.KNOWN_MODELS:
             registry.resolve_model(name, fetch=False)

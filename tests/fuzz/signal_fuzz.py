@@ -129,7 +129,10 @@ def _shown(out: bytes) -> list[tuple[str, str]]:
 def _matches(saved: list[tuple[str, str]], shown: list[tuple[str, str]], n_done: int, killed: bool) -> bool:
     """Whether the saved turns are the shown ones: every shown reply is saved as shown, in
     order; a turn shown without a reply may be missing (dropped at its prompt); under SIGKILL
-    the turns after the n_done completed ones may be missing, or saved whole."""
+    the turns after the n_done completed ones may be missing, or saved whole. Newlines at a
+    reply's end are not compared (the chat ends its last line with some of its own)."""
+    saved = [(t, r.rstrip("\n")) for t, r in saved]
+    shown = [(t, r.rstrip("\n")) for t, r in shown]
     i = 0
     for k, (turn, reply) in enumerate(shown):
         if i < len(saved) and saved[i] == (turn, reply):
