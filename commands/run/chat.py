@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import kvtool
+from kvtool.commands.common import signals
 from kvtool.commands.common.generate import Generation, TextStream, Timings, generate, shift_context
 from kvtool.commands.common.progress import PROMPT_CHUNK
 from kvtool.common import slot_state
@@ -112,7 +113,63 @@ class ChatSession:
         """Adds the user's turn, generates the reply (streamed through on_text), records it.
         `on_prompt(done, total)` follows the prompt's decoding, PROMPT_CHUNK tokens at a time;
         `on_tokens(tokens, n_held)` sees the turn's prompt tokens before they are decoded, and
-        how many of them the memory already holds."""
+        how many of them the memory already holds.
+
+        A turn is all or nothing: an exception (an interrupt, a refused prompt) before the reply
+        began leaves the messages as they were; once the reply began, what was generated is
+        recorded before anything is raised (an interrupt meanwhile waits for it)."""
+        n_messages = len(self.messages)
+        gen: Generation | None = None
+        recorded = False
+        stream = TextStream(self.ctx.model)
+        parts: list[str] = []
+
+        def emit(tok: int) -> None:
+            piece = stream.push(tok)
+            if piece:
+                parts.append(piece)
+                if on_text is not None:
+                    on_text(piece)
+
+        try:
+            tokens = self._turn_tokens(user_text)
+            if on_tokens is not None:
+                on_tokens(tokens, len(_common_prefix(self.cached, tokens)))
+            t0 = time.perf_counter()
+            kept, logits = self._decode_prompt(tokens, on_prompt)
+            self.timings.n_prompt += len(tokens) - kept
+            self.timings.t_prompt += time.perf_counter() - t0
+            self.cached = list(tokens)
+            gen = generate(
+                self.ctx,
+                self.sampler,
+                logits,
+                len(self.cached),
+                n_predict,
+                emit,
+                self.seq,
+                self.timings,
+                ignore_eos=self.ignore_eos,
+                n_keep=self._n_keep(),
+            )
+            with signals.held():
+                text = self._record(gen, stream, parts, on_text)
+                recorded = True
+        except BaseException:
+            if gen is None:  # the reply did not begin: the turn is dropped
+                # resume_seq leaves a prefix of what the sequence held: cut `cached` to it
+                self.cached = self.cached[: self.ctx.memory.seq_pos_max(self.seq) + 1]
+                del self.messages[n_messages:]
+            elif not recorded:  # interrupted on its way out of generate(): the reply was shown
+                with signals.held():
+                    self._record(gen, stream, parts, on_text)
+            raise
+        if gen.error is not None:  # recorded first: the conversation matches the memory
+            raise gen.error
+        return text, gen
+
+    def _turn_tokens(self, user_text: str) -> list[int]:
+        """The user's turn added: the prompt's tokens, the memory shifted to fit if it must."""
         if self.use_template:
             self.messages.append({"role": "user", "content": user_text})
             tokens = self.prompt_tokens()
@@ -129,46 +186,14 @@ class ChatSession:
             first = not said
             tokens = said + self.ctx.model.tokenize(user_text, add_special=first, parse_special=first)
         if not tokens:  # llama.cpp's tools: an empty prompt is a BOS, or nothing to decode
-            if self.use_template:
-                self.messages.pop()
             raise kvtool.KvtoolError("input is empty: the prompt has no tokens and the model adds no BOS")
-        tokens = self._shift_to_fit(tokens)
-        if on_tokens is not None:
-            on_tokens(tokens, len(_common_prefix(self.cached, tokens)))
-        t0 = time.perf_counter()
-        try:
-            kept, logits = self._decode_prompt(tokens, on_prompt)
-        except BaseException:
-            # resume_seq leaves a prefix of what the sequence held: cut `cached` to it
-            self.cached = self.cached[: self.ctx.memory.seq_pos_max(self.seq) + 1]
-            if self.use_template:
-                self.messages.pop()
-            raise
-        self.timings.n_prompt += len(tokens) - kept
-        self.timings.t_prompt += time.perf_counter() - t0
-        self.cached = list(tokens)
-        stream = TextStream(self.ctx.model)
-        parts: list[str] = []
+        return self._shift_to_fit(tokens)
 
-        def emit(tok: int) -> None:
-            piece = stream.push(tok)
-            if piece:
-                parts.append(piece)
-                if on_text is not None:
-                    on_text(piece)
-
-        gen = generate(
-            self.ctx,
-            self.sampler,
-            logits,
-            len(self.cached),
-            n_predict,
-            emit,
-            self.seq,
-            self.timings,
-            ignore_eos=self.ignore_eos,
-            n_keep=self._n_keep(),
-        )
+    def _record(
+        self, gen: Generation, stream: TextStream, parts: list[str], on_text: Callable[[str], None] | None
+    ) -> str:
+        """The reply as generated: its last bytes shown, its tokens in `cached`/`pending`, its
+        text in the messages. Returns the text."""
         tail = stream.flush()
         if tail:
             parts.append(tail)
@@ -186,9 +211,7 @@ class ChatSession:
         text = "".join(parts)
         if self.use_template:
             self.messages.append({"role": "assistant", "content": text})
-        if gen.error is not None:  # recorded first: the conversation matches the memory
-            raise gen.error
-        return text, gen
+        return text
 
     def _turn_tail(self) -> list[int] | None:
         """The tokens the template puts after the last reply, up to the new generation prompt

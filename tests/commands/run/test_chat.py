@@ -3,6 +3,7 @@ failed turn, --ignore-eos is a constructor argument; on SmolLM2, a chat answers.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,33 @@ def test_a_prompt_that_does_not_fit_keeps_the_conversation(tiny_llama: kvtool.Mo
     with pytest.raises(kvtool.ContextFullError):
         chat.respond(" x" * 400, n_predict=2)
     assert chat.cached == cached and ctx.memory.seq_pos_max(0) + 1 == len(cached)
+
+
+def _interrupt(*args: object, **kwargs: object) -> None:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("where", ["on_tokens", "generate"])
+def test_an_interrupt_before_the_reply_drops_the_whole_turn(
+    tiny_llama: kvtool.Model, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A signal that lands after the user's message is added but before the reply begins (as
+    its tokens are shown, or between the prompt's decode and the first sampled token) leaves
+    the messages as they were: a kept user message without its reply made the next turn render
+    two user messages in a row, and the saved conversation showed a turn never answered."""
+    ctx = kvtool.Context(tiny_llama, kvtool.ContextParams(n_ctx=256))
+    chat = ChatSession(ctx, kvtool.Sampler(GREEDY), use_template=True)
+    chat.respond("hello", n_predict=3)
+    messages = [dict(m) for m in chat.messages]
+    if where == "generate":
+        monkeypatch.setattr(sys.modules[ChatSession.__module__], "generate", _interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        chat.respond("and then?", n_predict=3, on_tokens=_interrupt if where == "on_tokens" else None)
+    assert chat.messages == messages
+    assert ctx.memory.seq_pos_max(0) + 1 == len(chat.cached)
+    monkeypatch.undo()
+    chat.respond("how does it end", n_predict=3)
+    assert [m["role"] for m in chat.messages] == ["user", "assistant"] * 2
 
 
 def test_ignore_eos_bans_end_of_generation(tiny_llama: kvtool.Model) -> None:
