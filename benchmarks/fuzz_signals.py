@@ -4,9 +4,11 @@
 
 Each case starts `kvtool run` on the tiny model with a session file or a store (half of them
 holding an earlier conversation), feeds it three turns and sends SIGINT, SIGTERM, SIGHUP or
-SIGKILL after a random delay; tests/fuzz/signal_fuzz.py says what is checked afterwards. Prints
-the cases per signal and per moment the signal landed in, and every failure. Exit status 1 when
-there was a failure.
+SIGKILL at a random moment, aimed in turn at the load (a delay after the start, at most
+--max-delay), a prompt's decode, a reply's generation and a turn's save (a short random delay
+after a random turn's echo, its reply's first byte, its save's first write);
+tests/fuzz/signal_fuzz.py says what is checked afterwards. Prints the cases per signal and per
+moment the signal landed in, and every failure. Exit status 1 when there was a failure.
 """
 
 from __future__ import annotations
@@ -20,15 +22,16 @@ import time
 from pathlib import Path
 
 from benchmarks.fuzz_args import fuzz_parser
-from tests.fuzz.signal_fuzz import SIGNALS, Case, earlier_conversation, run_case
+from tests.fuzz.signal_fuzz import AIMS, SIGNALS, TURNS, Case, earlier_conversation, run_case
 from tests.helpers.tiny_gguf import write_tiny_llama
 
 PHASES = ("startup", "load", "prompt", "generation", "save", "idle", "ended", "hang")
+JITTER = {"prompt": 0.05, "generation": 0.3, "save": 0.002}  # seconds after the aimed-at moment
 
 
 def main() -> int:
     ap = fuzz_parser(__doc__, seed=0)
-    ap.add_argument("--max-delay", type=float, default=5.0, help="seconds after the start, at most")
+    ap.add_argument("--max-delay", type=float, default=3.0, help="seconds after the start, at most (load)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     tally: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -38,8 +41,15 @@ def main() -> int:
         model = write_tiny_llama(Path(tmp) / "tiny.gguf")
         n = 0
         while time.monotonic() < end:
+            aim = AIMS[n % len(AIMS)]
+            delay = rng.uniform(0.0, args.max_delay if aim == "load" else JITTER[aim])
             case = Case(
-                rng.choice(SIGNALS), rng.uniform(0.0, args.max_delay), rng.random() < 0.5, rng.random() < 0.5
+                rng.choice(SIGNALS),
+                delay,
+                rng.random() < 0.5,
+                rng.random() < 0.5,
+                aim,
+                rng.randrange(len(TURNS)),
             )
             folder = Path(tempfile.mkdtemp(dir=tmp))
             old = earlier_conversation(model, folder, case.store) if case.old else None

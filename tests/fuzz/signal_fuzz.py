@@ -1,6 +1,8 @@
 """Signals at random moments of a chat (issue 28): `kvtool run` with a session file or a store,
-fed turns on a pipe, gets SIGINT, SIGTERM, SIGHUP or SIGKILL after a random delay, which lands
-while the model loads, a prompt is decoded, a reply is generated or a turn is saved. Afterwards:
+fed turns on a pipe, gets SIGINT, SIGTERM, SIGHUP or SIGKILL at a random moment, aimed at the
+model's load, a prompt's decode, a reply's generation or a turn's save (a random delay after the
+start, or after a turn's echo, its reply's first byte or its save's first write; where it
+landed is read afterwards from when the output came). Afterwards:
 
 - every file is the old one or a new whole one: the session loads (or is still absent), the
   store opens and each stored conversation loads, no temporary file is left (but by SIGKILL);
@@ -28,7 +30,9 @@ from pathlib import Path
 import kvtool
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)
-TURNS = ["tell me a story about a cat", "and then?", "how does it end"]
+AIMS = ("load", "prompt", "generation", "save")
+# the second turn is long, so that its prompt takes a while to decode
+TURNS = ["tell me a story about a cat", "and then?" + " the cat sat on the mat." * 20, "how does it end"]
 DONE = "tokens, "  # the line after each reply, printed once the turn is saved
 READY = "no chat template"  # the tiny model's note, printed once the model and session are loaded
 
@@ -36,9 +40,12 @@ READY = "no chat template"  # the tiny model's note, printed once the model and 
 @dataclass(frozen=True)
 class Case:
     sig: signal.Signals
-    delay: float  # seconds after the start
+    delay: float  # seconds after the aimed-at moment
     store: bool  # a --store conversation, else a --session file
     old: bool  # a conversation saved by an earlier run is there first
+    aim: str = "load"  # of AIMS: the delay counts from the start, or from turn `turn`'s
+    # echo (prompt), its reply's first byte (generation) or its save's first write (save)
+    turn: int = 0
 
 
 @dataclass
@@ -77,6 +84,40 @@ class _Run:
         for t in self._threads:
             t.join(timeout=10)
         return rc
+
+
+def _files(folder: Path) -> set[tuple[str, int, int]]:
+    """What is in `folder` now (names, sizes, modification times): a save changes it."""
+    out = set()
+    for p in folder.iterdir():
+        try:
+            st = p.stat()
+        except OSError:  # gone meanwhile (a temporary file renamed)
+            continue
+        out.add((p.name, st.st_size, st.st_mtime_ns))
+    return out
+
+
+def _aimed(run: _Run, case: Case, folder: Path, limit: float) -> None:
+    """Returns at the moment the case aims at plus its delay (or when the process ended, or
+    after `limit` seconds: the moment never came)."""
+    deadline = time.monotonic() + limit
+    turn = f"> {TURNS[case.turn]}\n".encode()
+    before: set[tuple[str, int, int]] | None = None
+    while case.aim != "load" and time.monotonic() < deadline and run.p.poll() is None:
+        text = b"".join(chunk for _, chunk in run.out)
+        echo = text.find(turn)
+        if echo >= 0 and case.aim == "prompt":
+            break
+        if echo >= 0 and len(text) > echo + len(turn):  # the reply began
+            if case.aim == "generation":
+                break
+            if before is None:
+                before = _files(folder)
+            elif _files(folder) != before:
+                break
+        time.sleep(0.0005)
+    time.sleep(case.delay)
 
 
 def _phase(run: _Run, t_sig: float) -> str:
@@ -184,7 +225,7 @@ def run_case(model: Path, folder: Path, case: Case, old_messages: list[dict[str,
     assert run.p.stdin is not None
     run.p.stdin.write("".join(t + "\n" for t in TURNS).encode())
     run.p.stdin.flush()
-    time.sleep(case.delay)
+    _aimed(run, case, folder, limit=60.0)
     t_sig = time.monotonic() - run.t0
     alive = run.p.poll() is None
     if alive:
@@ -199,7 +240,12 @@ def run_case(model: Path, folder: Path, case: Case, old_messages: list[dict[str,
     phase = _phase(run, t_sig) if alive else "ended"
     problems: list[str] = []
     err = "".join(line for _, line in run.err)
-    if phase == "load" and (rc == -case.sig or (rc == 1 and err.rstrip().endswith("KeyboardInterrupt"))):
+    caught = case.sig != signal.SIGKILL  # SIGKILL's exit is the same before and after the handlers
+    if (
+        phase == "load"
+        and caught
+        and (rc == -case.sig or (rc == 1 and err.rstrip().endswith("KeyboardInterrupt")))
+    ):
         # before the CLI's handlers exist (Python's own imports, a fraction of a second): the
         # signal's default action, with nothing opened or written yet
         phase = "startup"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.fuzz.test_cli_fuzz import CliCase, Files, baseline, option_kind, verbs
+from tests.fuzz.test_cli_fuzz import CliCase, Files, Worker, baseline, option_kind, problem, verbs
 
 
 class _Feeder:
@@ -156,4 +156,36 @@ def describe(slot: Slot, special: Special) -> str:
     return f"{slot.verb} {where} {special.name}"
 
 
-__all__: list[Any] = ["Slot", "Special", "all_cases", "describe", "fed", "make_specials", "slots"]
+@dataclass(frozen=True)
+class Outcome:
+    slot: Slot
+    special: Special
+    case: CliCase
+    rc: int | None
+    problem: str | None  # what broke the invariant, or None
+
+    @property
+    def kind(self) -> str:
+        """'failed', 'ran' (exit 0) or 'refused' (an `error:` line)."""
+        return "failed" if self.problem is not None else "ran" if self.rc == 0 else "refused"
+
+
+def sweep(f: Files, worker: Worker, root: Path) -> Iterator[Outcome]:
+    """Every case, run in `worker` with its FIFO fed, each within 20 s."""
+    for slot, special, case in all_cases(f, make_specials(root)):
+        with fed(special):
+            res = worker.run(case.argv, case.stdin, timeout=20.0)
+        yield Outcome(slot, special, case, res["rc"], problem(res))
+
+
+__all__: list[Any] = [
+    "Outcome",
+    "Slot",
+    "Special",
+    "all_cases",
+    "describe",
+    "fed",
+    "make_specials",
+    "slots",
+    "sweep",
+]
