@@ -262,12 +262,17 @@ def _paths(f: Files, rng: random.Random) -> list[str]:
 
 
 def option_kind(opt: Any) -> type:
-    """int, float, Path or str: what an option takes. typer names the annotation's type (a
-    string such as 'int | None', its annotations being postponed), so the name is read."""
-    kind = opt.bare_type() if callable(getattr(opt, "bare_type", None)) else str
-    name = kind if isinstance(kind, str) else getattr(kind, "__name__", "str")
-    first = name.split("|")[0].strip()
-    return {"int": int, "float": float, "Path": Path}.get(first, str)
+    """int, float, Path or str: what an option takes, read from its click type by class name
+    (typer < 0.29 vendors click as typer._click; later ones have bare_type, naming the
+    annotation, 'int | None', its annotations being postponed)."""
+    names = {c.__name__ for c in type(getattr(opt, "type", None)).__mro__}
+    for name, kind in (("IntParamType", int), ("FloatParamType", float), ("Path", Path), ("TyperPath", Path)):
+        if name in names:
+            return kind
+    bare = getattr(opt, "bare_type", None)
+    got = bare() if callable(bare) else "str"
+    got = got if isinstance(got, str) else getattr(got, "__name__", "str")
+    return {"int": int, "float": float, "Path": Path}.get(got.split("|")[0].strip(), str)
 
 
 def _value(rng: random.Random, opt: Any, f: Files) -> str:
@@ -441,3 +446,16 @@ def test_a_binary_trace_is_an_error_line(files: Files, worker: Worker) -> None:
     assert problem(res) is None and res["rc"] == 2
     # read a line at a time: its first line (bytes 0-10) is text, and not JSON
     assert "binary.bin:1: not JSON" in res["err"]
+
+
+def test_option_kinds_are_read_from_the_verbs() -> None:
+    """The fuzzer draws a value by what an option takes: when it read every option as a string
+    (typer's vendored click), ints, floats and paths were never tried where they belong."""
+    v = verbs()
+
+    def kind(verb: str, name: str) -> type:
+        return option_kind(next(p for p in v[verb].params if p.name == name))
+
+    assert kind("run", "threads") is int
+    assert kind("run", "temp") is float
+    assert kind("state save", "output") is Path
