@@ -5,14 +5,17 @@ thread (`Terminated`, a KeyboardInterrupt), so a reply in progress stops where i
 kept, and the `finally` blocks that save what the user has run before the process exits with
 128 + the signal's number. A save runs under `held()`: a signal that arrives meanwhile is
 delivered when the save is done, so a save is never cut in the middle. SIGKILL cannot be
-caught; what a verb saved as it went (each chat turn) is what survives it."""
+caught; what a verb saved as it went (each chat turn) is what survives it.
+
+A verb that stops by itself, as a server does (`redirected`), gets the same three signals as
+calls instead, and ends normally."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 ENDING = (signal.SIGTERM, signal.SIGHUP)
@@ -60,6 +63,22 @@ def installed() -> Iterator[None]:
         return
     _ending = None
     old = {s: signal.signal(s, _handler) for s in (signal.SIGINT, *ENDING)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def redirected(stop: Callable[[int], None]) -> Iterator[None]:
+    """While the block runs, SIGINT, SIGTERM and SIGHUP call `stop(signum)` in the main thread
+    instead of raising: a verb that shuts down by itself (serve lets requests in flight end)
+    and then returns normally. The handlers before it come back at its end."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, lambda signum, _frame: stop(signum)) for s in (signal.SIGINT, *ENDING)}
     try:
         yield
     finally:

@@ -20,6 +20,7 @@ import typer
 
 import kvtool
 from kvtool.commands import app, common
+from kvtool.commands.common import signals
 from kvtool.commands.common.text import plain
 
 err = common.text.lazy_console(stderr=True)
@@ -88,6 +89,8 @@ def _bind(host: str, port: int) -> socket.socket:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
         raise kvtool.KvtoolError(f"--host {host}: {e.strerror}") from None
+    except ValueError:  # IDNA refuses it (a label over 63 characters, bytes not UTF-8), or a NUL
+        raise kvtool.KvtoolError(f"--host {host}: not a host name or address") from None
     family, _, _, _, addr = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -108,31 +111,29 @@ def _server_class(on_grace: Callable[[], object]) -> type:
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn's server; SIGINT or SIGTERM starts its graceful shutdown (a second SIGINT
+        """uvicorn's server; SIGINT, SIGTERM or SIGHUP starts its graceful shutdown (a second SIGINT
         forces it): requests in flight get GRACE seconds, then `on_grace` ends their tasks so
         that their answers close normally, before uvicorn would cancel them. The command then
         ends normally, exit 0, instead of re-raising the signal as uvicorn does."""
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
-            def stop(sig: int, frame: object) -> None:
+            def stop(sig: int) -> None:
                 if self.should_exit and sig == signal.SIGINT:
                     self.force_exit = True
                 elif not self.should_exit:
-                    # os.write: a signal handler must not take the console's lock
                     note = f"serve: stopping: requests in flight get {GRACE:g} s (Ctrl-C again: at once)\n"
-                    os.write(2, note.encode())
+                    # os.write: a signal handler must not take the console's lock; after SIGHUP
+                    # the terminal may be gone (EIO), and the stop goes on without the note
+                    with contextlib.suppress(OSError):
+                        os.write(2, note.encode())
                     timer = threading.Timer(GRACE, on_grace)
                     timer.daemon = True
                     timer.start()
                 self.should_exit = True
 
-            old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-            try:
+            with signals.redirected(stop):
                 yield
-            finally:
-                for s, h in old.items():
-                    signal.signal(s, h)
 
     return Server
 
@@ -270,73 +271,74 @@ def serve(
     for flag, folder in (("--slot-save-path", slot_save_path), ("--cache-dir", cache_dir)):
         if folder is not None and not folder.is_dir():
             raise kvtool.KvtoolError(f"{flag} {folder}: not a directory")
-    sock = _bind(host, port)
-    m = common.load_model(load, err)
-    if jinja and m.file.get("tokenizer.chat_template", None) is not None:
-        m.use_chat_template(jinja=True)
-    if n_parallel == -1:  # llama-server's auto: 4 slots over one unified buffer
-        n_parallel, context = 4, dataclasses.replace(context, kv_unified=True)
-    cp = context.params(n_parallel, compaction.setting())
-    ctx = common.make_context(m, cp, err)
-    disk = None
-    if cache_dir is not None:
-        report = lambda line: err.print(plain(line))  # noqa: E731
-        disk = DiskCache(cache_dir, m, cache_disk << 20 if cache_disk >= 0 else -1, report)
-    ram = None
-    if cache_ram != 0 or disk is not None:  # with --cache-ram 0 entries go straight to disk
-        ram = RamCache(cache_ram << 20 if cache_ram >= 0 else -1, None if disk is None else disk.put)
-    sched = Scheduler(
-        ctx,
-        SchedulerParams(
-            n_parallel,
-            slot_prompt_similarity=sps,
-            cont_batching=cont_batching,
-            n_step_tokens=ctx.n_batch,
-            checkpoints=CheckpointParams(ctx_checkpoints, checkpoint_min_step),
-            sources=tuple(t for t in (ram, disk) if t is not None),
-        ),
-    )
-    keys = tuple(k.strip() for k in (api_key or "").split(",") if k.strip())
-    params = ServeParams(
-        _names(load.model, str(m.path), alias),
-        keys,
-        max_queue,
-        timeout,
-        metrics,
-        slots,
-        cache_prompt,
-        slot_save_path,
-    )
-    loop = EngineLoop(sched)
-    server = Server(m, loop, params)
-    config = uvicorn.Config(
-        build_app(server, ROUTES),
-        log_config=_LOG_CONFIG,
-        log_level=None,  # the levels are the config's
-        access_log=True,
-        lifespan="off",
-        timeout_graceful_shutdown=int(GRACE) + 5,
-    )
-    bound = sock.getsockname()
-    err.print(
-        plain(
-            f"serve: {m.path.name}, {n_parallel} slots of {ctx.n_ctx_seq} tokens "
-            f"({'unified' if context.kv_unified else 'split'} KV, {context.type_k}/{context.type_v}), "
-            f"model names: {', '.join(params.model_names)}"
+    # closed on every way out: a model that fails to load leaves nothing listening (the
+    # process may go on, as a test's or a fuzzer's does)
+    with contextlib.closing(_bind(host, port)) as sock:
+        m = common.load_model(load, err)
+        if jinja and m.file.get("tokenizer.chat_template", None) is not None:
+            m.use_chat_template(jinja=True)
+        if n_parallel == -1:  # llama-server's auto: 4 slots over one unified buffer
+            n_parallel, context = 4, dataclasses.replace(context, kv_unified=True)
+        cp = context.params(n_parallel, compaction.setting())
+        ctx = common.make_context(m, cp, err)
+        disk = None
+        if cache_dir is not None:
+            report = lambda line: err.print(plain(line))  # noqa: E731
+            disk = DiskCache(cache_dir, m, cache_disk << 20 if cache_disk >= 0 else -1, report)
+        ram = None
+        if cache_ram != 0 or disk is not None:  # with --cache-ram 0 entries go straight to disk
+            ram = RamCache(cache_ram << 20 if cache_ram >= 0 else -1, None if disk is None else disk.put)
+        sched = Scheduler(
+            ctx,
+            SchedulerParams(
+                n_parallel,
+                slot_prompt_similarity=sps,
+                cont_batching=cont_batching,
+                n_step_tokens=ctx.n_batch,
+                checkpoints=CheckpointParams(ctx_checkpoints, checkpoint_min_step),
+                sources=tuple(t for t in (ram, disk) if t is not None),
+            ),
         )
-    )
-    err.print(plain(f"main: server is listening on http://{host}:{bound[1]} - starting the main loop"))
-    sys.stderr.flush()
-    loop.start()
-    try:
-        stop_all = lambda: loop.call(lambda: sched.fail_all("the server stopped", stop="cancelled"))  # noqa: E731
-        _server_class(stop_all)(config).run(sockets=[sock])
-    finally:
-        loop.stop()
-        sock.close()
-        if disk is not None and ram is not None:  # every prompt a slot or RAM holds goes to disk
-            for slot in sched.slots:
-                ram.offer(ctx, slot)
-            ram.flush()
-            disk.close()
+        keys = tuple(k.strip() for k in (api_key or "").split(",") if k.strip())
+        params = ServeParams(
+            _names(load.model, str(m.path), alias),
+            keys,
+            max_queue,
+            timeout,
+            metrics,
+            slots,
+            cache_prompt,
+            slot_save_path,
+        )
+        loop = EngineLoop(sched)
+        server = Server(m, loop, params)
+        config = uvicorn.Config(
+            build_app(server, ROUTES),
+            log_config=_LOG_CONFIG,
+            log_level=None,  # the levels are the config's
+            access_log=True,
+            lifespan="off",
+            timeout_graceful_shutdown=int(GRACE) + 5,
+        )
+        bound = sock.getsockname()
+        err.print(
+            plain(
+                f"serve: {m.path.name}, {n_parallel} slots of {ctx.n_ctx_seq} tokens "
+                f"({'unified' if context.kv_unified else 'split'} KV, {context.type_k}/{context.type_v}), "
+                f"model names: {', '.join(params.model_names)}"
+            )
+        )
+        err.print(plain(f"main: server is listening on http://{host}:{bound[1]} - starting the main loop"))
+        sys.stderr.flush()
+        loop.start()
+        try:
+            stop_all = lambda: loop.call(lambda: sched.fail_all("the server stopped", stop="cancelled"))  # noqa: E731
+            _server_class(stop_all)(config).run(sockets=[sock])
+        finally:
+            loop.stop()
+            if disk is not None and ram is not None:  # every prompt a slot or RAM holds goes to disk
+                for slot in sched.slots:
+                    ram.offer(ctx, slot)
+                ram.flush()
+                disk.close()
     err.print(plain("serve: stopped"))

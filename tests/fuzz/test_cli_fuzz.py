@@ -248,8 +248,9 @@ STRS = ["", " ", "-", "x", "f16", "bf16", "q8_0", "F32", "none", "threshold=0.5"
 STRS += ["paged", "contiguous", "fixed:4", "lognormal:300", "exp:0", "uniform:1:2", "exp:-1", "fixed:nan"]
 STRS += ["[/x]", "[bold]", NON_UTF8, "a" * 5000, "\n", "\x00x", "poisson", "closed", "json", "csv", "md"]
 SKIP = {"--pip-arg", "--help", "-h"}  # pip reaches the network; help is not a case
-# a server answers until a signal ends it: its flags' ranges are tests/commands/common's, its
-# errors tests/commands/serve's
+# a server answers until a signal ends it: it is given a file that is not a model (and no -m
+# of the fuzzer's), so its flags are parsed, its port bound and its load refused, and no case
+# leaves it listening (its answers are tests/commands/serve's)
 SERVERS = {"serve"}
 
 
@@ -328,6 +329,7 @@ def baseline(verb: str, f: Files) -> list[str]:
         "models list": [],
         "models path": ["smollm2"],
         "models fetch": ["no-such-model"],
+        "serve": ["-m", f.text, "--port", "0", "-t", "1"],
     }.get(verb, [])
 
 
@@ -360,13 +362,15 @@ def cli_cases(f: Files, seed: int, only: list[str] | None = None) -> Iterator[Cl
 
     rng = random.Random(seed)
     commands = verbs()
-    names = sorted(only or [v for v in commands if v not in SERVERS])
+    names = sorted(only or commands)
     llama = sorted(LLAMA_ONLY)
     weights = [1 + len(commands[v].params) for v in names]  # verbs with more flags get more cases
     while True:
         verb = rng.choices(names, weights)[0]
         cmd = commands[verb]
         opts = [p for p in cmd.params if p.param_type_name == "option" and not SKIP & set(p.opts)]
+        if verb in SERVERS:
+            opts = [p for p in opts if "--model" not in p.opts]
         argv = [*verb.split(), *baseline(verb, f)]
         for _ in range(rng.choice([1, 2, 2, 3, 4, 5])):
             r = rng.random()
@@ -429,6 +433,12 @@ def test_worker_reports_what_escapes(worker: Worker) -> None:
 @pytest.mark.parametrize("seed", [0])
 def test_cli_flag_fuzz(files: Files, worker: Worker, seed: int) -> None:
     found = fuzz(cli_cases(files, seed), 120, worker, timeout=20.0)
+    assert not found, "\n".join(f"{c.line()}\n    -> {p}" for c, p in found[:25])
+
+
+def test_serve_flag_fuzz(files: Files, worker: Worker) -> None:
+    """serve's flags, its bind and its refused load (it never gets to listen)."""
+    found = fuzz(cli_cases(files, 0, only=sorted(SERVERS)), 100, worker, timeout=20.0)
     assert not found, "\n".join(f"{c.line()}\n    -> {p}" for c, p in found[:25])
 
 

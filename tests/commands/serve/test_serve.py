@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -287,7 +288,7 @@ def test_api_key_queue_limit_and_timeout() -> None:
             time.sleep(0.05)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_stops_the_server_cleanly_and_it_restarts(sig: int) -> None:
     s = serving("-np", "2", "-c", "1024")
     with s as first:
@@ -413,3 +414,21 @@ def test_a_kv_type_is_refused_as_run_refuses_it(flags: list[str]) -> None:
         return r.stderr
 
     assert error("serve", "--port", "0") == error("run", "-p", "hi", "-n", "1", "--no-chat")
+
+
+def test_a_model_that_fails_to_load_leaves_nothing_listening(tmp_path: Path) -> None:
+    """The port is bound before the model loads; a load that fails closes it, also in a process
+    that goes on (a test's, the special-files fuzzer's worker)."""
+    from typer.testing import CliRunner
+
+    from kvtool.commands import _register, app
+    from kvtool.commands.serve import _bind
+    from tests.commands.serve.conftest import free_port
+
+    _register()
+    bad = tmp_path / "not-a-model.gguf"
+    bad.write_text("not a model\n")
+    port = free_port()
+    result = CliRunner().invoke(app, ["serve", "-m", str(bad), "--port", str(port)])
+    assert result.exit_code != 0
+    _bind("127.0.0.1", port).close()  # the port is free again
