@@ -26,3 +26,16 @@ def in_range(value: object, lo: int, hi: int, what: str, error: type[KvtoolError
     if not lo <= v <= hi:
         raise error(f"{what} must be in [{lo}, {hi}], got {v}")
     return v
+
+
+def as_text(value: object, what: str) -> str:
+    """`value` as a str that is Unicode text: one holding half of a surrogate pair (a JSON
+    `\\udcff`, bytes decoded with surrogateescape) has no UTF-8 and is refused."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise KvtoolError(f"{what} is not Unicode text (half of a surrogate pair at {e.start})") from None
+    return value

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvtool.checks import as_int
+from kvtool.checks import as_int, as_text
 from kvtool.errors import KvtoolError, TokenizerError
 from kvtool.vocab_bpe import BYTE_DECODER, ByteLevelBpe, bpe_pre
 from kvtool.vocab_special import SPECIAL_KEYS, Attr, SpecialSplitter, complete_specials, token_attrs
@@ -173,8 +173,7 @@ class Vocab:
 
         add_special adds BOS/EOS when the model asks for them; parse_special turns control-token
         texts (`<|im_start|>`, `<bos>`) into their ids. User-defined tokens are always parsed."""
-        if not isinstance(text, str):
-            raise TypeError(f"tokenize takes a str, got {type(text).__name__}")
+        as_text(text, "tokenize's text")
         out: list[int] = []
         if add_special and self.add_bos:
             out.append(self.bos)  # type: ignore[arg-type]  # checked at load

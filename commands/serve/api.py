@@ -28,12 +28,22 @@ def bad(message: str) -> ApiError:
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
+    """A request's JSON object; what is not JSON text (half a surrogate pair, nesting past
+    Python's recursion limit) is a 400."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise bad(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:  # Python's parser recurses per level; no request needs this many
+        raise bad("the request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
+    try:  # as llama-server's parser: a \u escape of half a surrogate pair is not JSON text
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise bad("the request body is nested too deeply") from None
+    except UnicodeEncodeError:
+        raise bad("the request body is not valid JSON: a \\u escape names half of a surrogate pair") from None
     return body
 
 

@@ -60,6 +60,7 @@ CASES: list[tuple[str, Callable[[Context, kvtool.Model], object], type[Exception
     ("token_to_piece of -1", lambda c, m: m.token_to_piece(-1), KvtoolError),
     ("detokenize past int64", lambda c, m: m.detokenize([BIG]), KvtoolError),
     ("tokenize None", lambda c, m: m.tokenize(None), TypeError),  # type: ignore[arg-type]
+    ("tokenize half a surrogate pair", lambda c, m: m.tokenize("a\udcff"), KvtoolError),
     ("set_n_threads past 512", lambda c, m: kvtool.set_n_threads(100_000), KvtoolError),
     ("ContextParams of a float", lambda c, m: Context(m, ContextParams(n_seq_max=1.5)), TypeError),  # type: ignore[arg-type]
     ("state of a string", lambda c, m: c.state_set_data("x"), TypeError),  # type: ignore[arg-type]

@@ -171,6 +171,17 @@ def test_tokenize_detokenize_props_health_models(server: Served) -> None:
         ("/tokenize", {"content": 5}, 400, "invalid_request_error"),
         ("/nowhere", {}, 404, "not_found_error"),
         ("/v1/completions", b"x" * (17 << 20), 413, "invalid_request_error"),
+        # JSON escapes of half a surrogate pair: no UTF-8 answer can hold them (500s before)
+        ("/completion", b'{"prompt": "a\\udcff", "n_predict": 1}', 400, "invalid_request_error"),
+        ("/tokenize", b'{"content": "\\ud800"}', 400, "invalid_request_error"),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "\\udfff"}]}',
+            400,
+            "invalid_request_error",
+        ),
+        # nesting past Python's recursion limit (a RecursionError, 500, before)
+        ("/completion", b'{"prompt": ' + b"[" * 50000 + b"]" * 50000 + b"}", 400, "invalid_request_error"),
     ],
 )
 def test_bad_requests_are_openai_shaped_4xx(
