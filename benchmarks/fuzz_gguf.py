@@ -10,8 +10,10 @@ prints how many cases it tried, how each ended, and every failure with the mutat
 it. Exit status 1 when there was a failure.
 
 --contents runs the contents mutations instead (tests/fuzz/gguf_contents.py: valid files with
-metadata of other types, odd vocabularies, hostile templates, NaN and infinite weights) on the
-eight tiny models and a byte-level BPE variant with a chat template, every case once, then
+metadata of other types, odd vocabularies, hostile templates, NaN and infinite weights, a
+quantized block's scale) on the fourteen tiny models, the four low-bit quantized ones
+(tests/data/quant) and a byte-level BPE variant with a chat template (--only: some of them),
+every case once, then
 again with other random token and weight positions until the time is up; each case is
 exercised as the verbs use a model (template, tokens, pieces, decode, sampling).
 """
@@ -36,6 +38,8 @@ from tests.fuzz.gguf_mutations import all_cases, bit_flips, capped_address_space
 
 MODELS = Path(__file__).parent.parent / "tests" / "data" / "tiny" / "models"
 ARCHS = ["llama", "gemma3", "mamba", "mamba2", "rwkv6", "rwkv7", "granitehybrid", "lfm2"]
+NEW_ARCHS = ["qwen2", "qwen3", "phi3", "gemma2", "granite", "olmo2"]  # contents only
+QUANT = ["Q2_K", "Q3_K_S", "IQ4_NL", "IQ4_XS"]  # tests/data/quant/models/tiny-q-*: block scales
 
 
 class CaseTimeout(Exception):
@@ -50,9 +54,12 @@ def main() -> int:
     ap = fuzz_parser(__doc__, seed=0)
     ap.add_argument("--case-timeout", type=int, default=60)
     ap.add_argument("--contents", action="store_true", help="mutate contents, not the layout")
+    ap.add_argument(
+        "--only", nargs="+", metavar="MODEL", help="--contents on these models only (qwen3, q-Q2_K, bpe)"
+    )
     args = ap.parse_args()
     if args.contents:
-        return contents(args.minutes, args.seed, args.case_timeout)
+        return contents(args.minutes, args.seed, args.case_timeout, args.only)
     # torch and the engine are imported before the address space is capped
     import kvtool
     import kvtool.context
@@ -106,7 +113,7 @@ def attempt(run: Callable[[], str], name: str, timeout: int, failures: list[str]
         signal.alarm(0)
 
 
-def contents(minutes: float, seed: int, case_timeout: int) -> int:
+def contents(minutes: float, seed: int, case_timeout: int, only: list[str] | None) -> int:
     import kvtool
     import kvtool.context
     import kvtool.model  # noqa: F401
@@ -118,8 +125,10 @@ def contents(minutes: float, seed: int, case_timeout: int) -> int:
     signal.signal(signal.SIGALRM, _alarm)
     n = rounds = 0
     with tempfile.TemporaryDirectory() as tmp:
-        bases = [(a, MODELS / f"tiny-{a}.gguf") for a in ARCHS]
+        bases = [(a, MODELS / f"tiny-{a}.gguf") for a in [*ARCHS, *NEW_ARCHS]]
+        bases += [(f"q-{t}", MODELS.parent.parent / "quant" / "models" / f"tiny-q-{t}.gguf") for t in QUANT]
         bases.append(("bpe", bpe_base(MODELS / "tiny-llama.gguf", Path(tmp) / "bpe.gguf")))
+        bases = [(a, b) for a, b in bases if only is None or a in only]
         with capped_address_space():
             while time.monotonic() < end:
                 rounds += 1
@@ -154,7 +163,7 @@ def contents(minutes: float, seed: int, case_timeout: int) -> int:
                             else outcome
                         ] += 1
     print(
-        f"{n} content cases in {minutes:g} min, {rounds} round(s) over {len(ARCHS) + 1} models "
+        f"{n} content cases in {minutes:g} min, {rounds} round(s) over {len(bases)} models "
         f"(seed {seed}): " + ", ".join(f"{k} {v}" for k, v in outcomes.items())
     )
     for f in failures:

@@ -44,11 +44,17 @@ static inline int64_t first_of(const float *x, int64_t n, float amax) {
     return -1;
 }
 
-/* max |x| over n floats (n a multiple of 8); a NaN is passed over, as fmaxf does. */
+/* max |x| over n floats (n a multiple of 8), or NaN where one is NaN: ggml's max passes a NaN
+ * over and rounds it to some int8, so it would vanish from the product (issue 28). */
 static inline float amax_of(const float *x, int64_t n) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 m = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; j += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), m);
+    __m256 m = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j += 8) {
+        const __m256 v = _mm256_loadu_ps(x + j);
+        m = _mm256_max_ps(_mm256_andnot_ps(sign, v), m);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    if (_mm256_movemask_ps(nan)) return NAN;
     __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
@@ -71,7 +77,10 @@ static inline int64_t first_of(const float *x, int64_t n, float amax) {
 
 static inline float amax_of(const float *x, int64_t n) {
     float m = 0.0f;
-    for (int64_t j = 0; j < n; j++) m = fmaxf(m, fabsf(x[j]));
+    for (int64_t j = 0; j < n; j++) {
+        if (isnan(x[j])) return NAN;
+        m = fmaxf(m, fabsf(x[j]));
+    }
     return m;
 }
 #endif
@@ -98,8 +107,9 @@ void kvq_quantize_row_q8_1(const float *x, block_q8_1 *y, int64_t k) {
 void kvq_quantize_row_q8_K(const float *x, block_q8_K *y, int64_t k) {
     for (int64_t b = 0; b < k / QK_K; b++, x += QK_K) {
         const float amax = amax_of(x, QK_K);
-        if (amax == 0.0f) { /* ggml leaves bsums as they were: zeros here */
+        if (amax == 0.0f || isnan(amax)) { /* ggml leaves bsums as they were: zeros here */
             memset(&y[b], 0, sizeof(y[b]));
+            y[b].d = amax; /* a NaN reaches the row's results */
             continue;
         }
         const float max = x[first_of(x, QK_K, amax)]; /* the first largest |x|, with its sign */

@@ -1,7 +1,8 @@
 """Mutations of a model's contents, not its layout (issue 28): valid GGUF files (written with
 gguf.GGUFWriter) whose metadata holds values of other types or out of range, whose vocabulary
 has odd token texts, types, scores, merges and special ids, whose chat template is hostile or
-not text, and whose weights hold NaN, infinities or huge values.
+not text, and whose weights hold NaN, infinities or huge values (in a quantized tensor: a
+block's scale).
 
 `exercise` then uses such a model the way the verbs do: load, render the chat template,
 tokenize, render every token's piece, decode a prompt and generate with the sampler. Each must
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType
 
 from tests.fuzz.gguf_rewrite import DROP, rewrite
 
@@ -47,8 +48,15 @@ WEIGHTS_EVERY_TOKEN_USES = (
     "blk.0.attn_q.weight",
     "blk.0.attn_k.weight",
     "blk.0.attn_v.weight",
+    "blk.0.attn_qkv.weight",  # phi3's fused projection
     "blk.0.attn_norm.weight",
 )
+# where a quantized block keeps its fp16 scale d (ggml-common.h's block layouts): a NaN or an
+# infinity there is what a NaN weight is to a float tensor
+SCALE_OFFSET = {
+    "Q4_0": 0, "Q4_1": 0, "Q5_0": 0, "Q5_1": 0, "Q8_0": 0, "Q4_K": 0, "Q5_K": 0,
+    "Q2_K": 80, "Q3_K": 108, "Q6_K": 208, "IQ4_NL": 0, "IQ4_XS": 0,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -188,13 +196,23 @@ def content_cases(base: Path, rng: random.Random) -> Iterator[ContentCase]:
         for bad in (len(tokens), 2**31 - 1, 2**32 - 1):
             yield ContentCase(f"{key} = {bad}", {key: (bad, V.UINT32)})
     for t in r.tensors:
-        if t.tensor_type.name not in ("F32", "F16"):
+        kind = t.tensor_type.name
+        if kind not in ("F32", "F16", *SCALE_OFFSET):
             continue
         for bad in (np.nan, np.inf, -np.inf, 3e38):
             data = np.array(t.data).copy()
-            data.reshape(-1)[rng.randrange(data.size)] = bad
+            if kind in ("F32", "F16"):
+                data.reshape(-1)[rng.randrange(data.size)] = bad
+                what = f"{t.name} holds {bad}"
+            else:  # a block's scale; 3e38 is past fp16: its largest, 65504
+                block = GGML_QUANT_SIZES[t.tensor_type][1]
+                at = rng.randrange(data.size // block) * block + SCALE_OFFSET[kind]
+                data.reshape(-1)[at : at + 2] = np.frombuffer(
+                    np.float16(min(bad, 65504.0)).tobytes(), np.uint8
+                )
+                what = f"{t.name} ({kind}) has a block scale {bad}"
             hides = bool(np.isnan(bad)) and t.name in WEIGHTS_EVERY_TOKEN_USES
-            yield ContentCase(f"{t.name} holds {bad}", tensor_data={t.name: data}, hides_nan=hides)
+            yield ContentCase(what, tensor_data={t.name: data}, hides_nan=hides)
 
 
 def exercise(path: Path, attention: bool) -> str:

@@ -64,7 +64,9 @@ def rewrite(
             w.add_tensor(t.name, more.pop(t.name))
         elif t.name not in drop_tensors:
             data = (tensor_data or {}).get(t.name, t.data)
-            w.add_tensor(t.name, data, raw_shape=list(reversed(t.shape.tolist())), raw_dtype=t.tensor_type)
+            # quantized data comes as rows of bytes, and the writer takes their shape as it is
+            shape = list(data.shape) if data.dtype == np.uint8 else list(reversed(t.shape.tolist()))
+            w.add_tensor(t.name, data, raw_shape=shape, raw_dtype=t.tensor_type)
     for name, data in more.items():
         w.add_tensor(name, data)
     w.write_header_to_file()

@@ -41,22 +41,26 @@ def test_mutated_gguf_loads_or_fails_in_one_line(arch: str, tmp_path: Path) -> N
     assert all("\n" not in o for o in outcomes)
 
 
-CONTENT_ARCHS = ["llama", "bpe", "gemma3", "mamba", "granitehybrid"]
-CONTENT_CASES = 40  # per model: a sample of each model's few hundred
+QUANT_MODELS = MODELS.parent.parent / "quant" / "models"
+# per model: a sample of its few hundred cases (fewer where the model adds an architecture or a
+# weight type to the first five), and every hidden-NaN case
+CONTENT_ARCHS = [("llama", 40), ("bpe", 40), ("gemma3", 40), ("mamba", 40), ("granitehybrid", 40)]
+CONTENT_ARCHS += [(a, 10) for a in ("qwen2", "qwen3", "phi3", "gemma2", "granite", "olmo2")]
+CONTENT_ARCHS += [(f"q-{t}", 6) for t in ("Q2_K", "Q3_K_S", "IQ4_NL", "IQ4_XS")]  # block scales
 
 
-@pytest.mark.parametrize("arch", CONTENT_ARCHS)
-def test_mutated_contents_work_or_fail_in_one_line(arch: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("arch", "n_cases"), CONTENT_ARCHS)
+def test_mutated_contents_work_or_fail_in_one_line(arch: str, n_cases: int, tmp_path: Path) -> None:
     """Valid files with hostile contents (tests/fuzz/gguf_contents.py): metadata of other types,
-    odd token texts and types, hostile templates, NaN and infinite weights."""
-    base = (
-        bpe_base(MODELS / "tiny-llama.gguf", tmp_path / "bpe.gguf")
-        if arch == "bpe"
-        else MODELS / f"tiny-{arch}.gguf"
-    )
+    odd token texts and types, hostile templates, NaN and infinite weights (a quantized block's
+    scale)."""
+    if arch == "bpe":
+        base = bpe_base(MODELS / "tiny-llama.gguf", tmp_path / "bpe.gguf")
+    else:
+        base = (QUANT_MODELS if arch.startswith("q-") else MODELS) / f"tiny-{arch}.gguf"
     rng = random.Random(f"gguf-contents-{arch}")
     cases = list(content_cases(base, rng))
-    sample = rng.sample(cases, CONTENT_CASES) + [c for c in cases if c.hides_nan]
+    sample = rng.sample(cases, n_cases) + [c for c in cases if c.hides_nan]
     attention = arch != "mamba"
     outcomes = []
     with capped_address_space():

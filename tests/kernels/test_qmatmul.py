@@ -220,3 +220,20 @@ def test_gelu_ffn_is_the_op_by_op_geglu(lib: ctypes.CDLL, n: int) -> None:
     g, u = gate_up(x, lib).split([n_ff, n_ff], dim=-1)
     assert bool((g.abs() >= 10).any())
     assert torch.equal(y, dw(gelu_ggml(g) * u, lib))
+
+
+@pytest.mark.parametrize("qtype", [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K])
+@pytest.mark.parametrize("n", [1, 9, 33])
+def test_a_nan_in_the_activations_reaches_its_row(lib: ctypes.CDLL, qtype: int, n: int) -> None:
+    """ggml's activation quantization (q8_act.c: Q8_0, Q8_1, Q8_K) skips a NaN (its max ignores
+    it, and it rounds to some int8): the product would be finite and wrong. Its block's scale is
+    NaN here, so the row's results are, and the other rows keep their bits, in the row kernels
+    and (33 rows and more, where the build has them) the panels."""
+    k = 512
+    w = qmatmul.QWeight([weight(qtype, 24, k, 5)], qtype, [(24, k)])
+    x = torch.randn(n, k)
+    clean = w(x, lib)
+    x[n - 1, 37] = float("nan")
+    y = w(x, lib)
+    assert y[n - 1].isnan().all()
+    assert torch.equal(y[: n - 1], clean[: n - 1])

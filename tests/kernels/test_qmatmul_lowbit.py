@@ -128,3 +128,19 @@ def test_bad_widths_are_refused() -> None:
     raw = weight(Q2_K, 4, 256, 0)
     with pytest.raises(ValueError, match="no qmatmul kernel"):
         qmatmul.QWeight([raw], Q2_K, [(8, 128)])  # K-quant rows are 256-element super-blocks
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("n", [1, 9, 40])
+def test_a_nan_in_the_activations_reaches_its_row(lib: ctypes.CDLL, qtype: int, n: int) -> None:
+    """ggml's Q8_K and Q8_0 quantization (q8_act.c) skip a NaN (it would vanish from the
+    product): its block's scale is NaN here, so the row's results are, and the other rows keep
+    their bits."""
+    k = 512
+    w = qmatmul.QWeight([weight(qtype, 24, k, 5)], qtype, [(24, k)])
+    x = activations(n, k)
+    clean = w(x, lib)
+    x[n - 1, 300] = float("nan")
+    y = w(x, lib)
+    assert y[n - 1].isnan().all()
+    assert torch.equal(y[: n - 1], clean[: n - 1])
