@@ -178,7 +178,7 @@ def decode(model: Model, memory: Memory, data: bytes | memoryview, seq: int | No
         raise StateError("this is a sequence state: load it into a sequence (give a sequence id)")
     if seq is not None and info.kind != "sequence":
         raise StateError("this is a whole-context state: load it without a sequence id")
-    check_model(info.model, model)
+    check_model(info.model, model, info.version)
     check_tokens(info, model.n_vocab)
     pool = {n: t for n, t in tensors.items() if not n.startswith(BLOB)}
     pool.pop("sampler.rng", None)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,6 +17,21 @@ from kvtool.state.container import canonical, shown
 if TYPE_CHECKING:
     from kvtool.model import Model
     from kvtool.sampling import Sampler
+
+
+_SAMPLE = 64 << 10
+
+
+def sampled_content_hash(path: Path) -> str:
+    """Version 2's model.content: SHA-256 of the file size, its first and its last 64 KiB (what a
+    version-2 state is checked against; it misses weights that differ in between)."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(_SAMPLE))
+        f.seek(max(0, size - _SAMPLE))
+        h.update(f.read(_SAMPLE))
+    return h.hexdigest()[:32]
 
 
 def plain(obj: object) -> Any:
@@ -49,10 +66,13 @@ def model_identity(model: Model) -> dict[str, Any]:
     }
 
 
-def check_model(saved: dict[str, Any], model: Model) -> None:
-    """Refuses a state made with another model (checks identity and shared hyper-parameters)."""
+def check_model(saved: dict[str, Any], model: Model, version: int) -> None:
+    """Refuses a state made with another model (checks identity and shared hyper-parameters);
+    a version-2 state's content hash is compared with version 2's sampled one."""
     try:
         mine = model_identity(model)
+        if version == 2:
+            mine["content"] = sampled_content_hash(model.path)
         same = all(saved[k] == mine[k] for k in ("arch", "fingerprint", "content", "n_vocab"))
         hp = saved["hparams"]
         if not isinstance(saved, dict) or not isinstance(hp, dict):

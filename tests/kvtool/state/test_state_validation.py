@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import kvtool
 from kvtool.errors import StateError
@@ -86,6 +87,27 @@ def test_weights_that_differ_in_the_middle(tiny_llama, ctx_of, tokens, refused, 
     kvtool.decode_tokens(live, tokens(tiny_llama, 6), 0, 0)
     refused(live, lambda: live.state_set_data(src.state_get_data()), "another model")
     refused(live, lambda: live.state_seq_set_data(src.state_seq_get_data(0), 1), "another model")
+
+
+def test_a_version_2_state_loads_checked_by_its_sampled_hash(tiny_llama, ctx_of, tokens, refused) -> None:  # type: ignore[no-untyped-def]
+    """Version 2 named its model by the file's size, first and last 64 KiB: such a file still
+    loads into the model it names (and continues as the original), and not into another."""
+    from kvtool.state.header import sampled_content_hash
+
+    src = ctx_of(tiny_llama, True)
+    kvtool.decode_tokens(src, tokens(tiny_llama, 6), 0, 0)
+    whole = src.state_get_data()
+
+    def as_v2(content: str) -> bytes:
+        return rewrite(whole, lambda s, t: (s.update(version=2), s["model"].update(content=content)))
+
+    dst = ctx_of(tiny_llama, True)
+    dst.state_set_data(as_v2(sampled_content_hash(tiny_llama.path)))
+    assert torch.equal(dst.logits_ith(-1), src.logits_ith(-1))
+    assert dst.memory.seq_pos_max(0) == src.memory.seq_pos_max(0)
+    live = ctx_of(tiny_llama, True)
+    for content in ("0" * 32, tiny_llama.file.content_hash()):  # another's, or version 3's
+        refused(live, lambda c=content: live.state_set_data(as_v2(c)), "another model")
 
 
 def test_other_format_version(live, refused) -> None:  # type: ignore[no-untyped-def]
