@@ -133,11 +133,14 @@ class GGUFFile:
         if not self.path.is_file():
             raise ModelLoadError(f"model file not found: {self.path}")
         size = self.path.stat().st_size
-        with open(self.path, "rb") as f:
-            magic = f.read(4)
-            if magic != b"GGUF":
-                raise ModelLoadError(f"{self.path} is not a GGUF file (magic {magic!r})")
-            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            with open(self.path, "rb") as f:
+                magic = f.read(4)
+                if magic != b"GGUF":
+                    raise ModelLoadError(f"{self.path} is not a GGUF file (magic {magic!r})")
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as e:  # a file that cannot be read or mapped (/proc/self/mem: EIO)
+            raise ModelLoadError(f"cannot read {self.path}: {e.strerror or e}") from None
         # a file truncated while mapped reads zeros past its end instead of killing the process
         # (SIGBUS); check_intact() then refuses what was computed from them
         self._guard = mmap_guard.guard(self._mm)

@@ -55,3 +55,10 @@ def test_truncated_and_foreign_files(tmp_path: Path) -> None:
         GGUFFile(p)
     with pytest.raises(ModelLoadError, match="not found"):
         GGUFFile(tmp_path / "missing.gguf")
+
+
+def test_a_model_path_that_cannot_be_read_names_itself() -> None:
+    """/proc/self/mem opens but its first read fails (EIO): one ModelLoadError naming the path
+    (it was an OSError saying only 'Input/output error')."""
+    with pytest.raises(ModelLoadError, match=r"cannot read /proc/self/mem: Input/output error"):
+        GGUFFile("/proc/self/mem")
