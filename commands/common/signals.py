@@ -54,15 +54,13 @@ def _raise(signum: int) -> None:
 
 
 @contextlib.contextmanager
-def installed() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP raise in the main thread while the block runs (elsewhere,
-    and in other threads, nothing changes)."""
-    global _ending
+def _handling(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """`handler` for SIGINT, SIGTERM and SIGHUP while the block runs, in the main thread (in
+    other threads nothing changes); the handlers before it come back at its end."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _ending = None
-    old = {s: signal.signal(s, _handler) for s in (signal.SIGINT, *ENDING)}
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, *ENDING)}
     try:
         yield
     finally:
@@ -71,19 +69,23 @@ def installed() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP raise in the main thread while the block runs (elsewhere,
+    and in other threads, nothing changes)."""
+    global _ending
+    if threading.current_thread() is threading.main_thread():
+        _ending = None
+    with _handling(_handler):
+        yield
+
+
+@contextlib.contextmanager
 def redirected(stop: Callable[[int], None]) -> Iterator[None]:
     """While the block runs, SIGINT, SIGTERM and SIGHUP call `stop(signum)` in the main thread
     instead of raising: a verb that shuts down by itself (serve lets requests in flight end)
     and then returns normally. The handlers before it come back at its end."""
-    if threading.current_thread() is not threading.main_thread():
+    with _handling(lambda signum, _frame: stop(signum)):
         yield
-        return
-    old = {s: signal.signal(s, lambda signum, _frame: stop(signum)) for s in (signal.SIGINT, *ENDING)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 @contextlib.contextmanager
