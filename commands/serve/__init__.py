@@ -341,4 +341,7 @@ def serve(
                     ram.offer(ctx, slot)
                 ram.flush()
                 disk.close()
-    err.print(plain("serve: stopped"))
+    # after SIGHUP the terminal may be gone: the stop went well, exit 0 (rich answers a broken
+    # pipe with SystemExit(1), a terminal hung up with EIO)
+    with contextlib.suppress(OSError, SystemExit):
+        err.print(plain("serve: stopped"))

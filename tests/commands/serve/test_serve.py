@@ -342,6 +342,17 @@ def test_zero_slots_is_refused() -> None:
     assert r.returncode == 2 and "must be -1 (auto) or in [1, 63], got 0" in r.stderr
 
 
+def test_sighup_with_its_terminal_gone_still_stops_cleanly() -> None:
+    """SIGHUP is the terminal closing: stderr then fails (here: a pipe nobody reads). The stop
+    goes on without its notes and exits 0 (it exited 2 on the last note's write error)."""
+    s = serving("-np", "1", "-c", "512")
+    with s as first:
+        assert first.proc.stderr is not None
+        first.proc.stderr.close()
+        first.proc.send_signal(signal.SIGHUP)
+        assert first.proc.wait(timeout=30) == 0
+
+
 def test_a_taken_port_is_one_line() -> None:
     with serving("-np", "1", "-c", "512") as s:
         import subprocess
