@@ -142,6 +142,8 @@ def bench(
     dev = common.gpu_layers_device(
         common.devices.device_setting(device, n_gpu_layers), device, n_gpu_layers, err
     )
+    if dev != "cpu":  # the device first (llama-bench refuses a bad -dev while parsing)
+        kvtool.resolve_device(dev)
     common.check_weights(weights)
     for name in models:  # every -m is a file or a known name before the first test runs
         if name not in registry.KNOWN_MODELS:
@@ -161,11 +163,6 @@ def bench(
     instances = [[Instance(m, *v) for v in itertools.product(*axes.values())] for m in models]
     for inst in instances[0]:  # every value checked before the header is printed
         _params(inst, 1, kv_unified, swa_full).check()
-    dev = common.gpu_layers_device(
-        common.devices.device_setting(device, n_gpu_layers), device, n_gpu_layers, err
-    )
-    if dev != "cpu":  # the device too (llama-bench refuses a bad -dev while parsing)
-        kvtool.resolve_device(dev)
     # like llama-bench, a column appears when its parameter is not at the default
     md_fields = ["model", "size", "params", "backend", "n_threads"]
     md_fields += [f for f, dflt in _DEFAULTS.items() if axes[f] != dflt]

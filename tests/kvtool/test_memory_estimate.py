@@ -182,9 +182,9 @@ def test_beyond_the_training_context_warns() -> None:
     [
         ["run", "-c", str(2**31), "-p", "hi", "-n", "1", "--no-chat"],
         ["run", "-c", "1000000000", "-p", "hi", "-n", "1", "--no-chat"],
-        ["bench", "-p", str(2**31), "-n", "0", "-r", "1"],
+        ["bench", "-p", str(2**31 - 1), "-n", "0", "-r", "1"],  # -p's largest (a C int)
     ],
-    ids=["run-c-2**31", "run-c-1e9", "bench-p-2**31"],
+    ids=["run-c-2**31", "run-c-1e9", "bench-p-2**31-1"],
 )
 def test_cli_refuses_a_context_that_cannot_fit_in_one_line(args: list[str]) -> None:
     model = str(MODELS / "tiny-llama.gguf")
