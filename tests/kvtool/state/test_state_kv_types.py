@@ -87,9 +87,14 @@ def test_the_conversation_store_holds_the_smaller_blocks(tiny_gemma3, tokens, tm
 
 def test_a_version_2_state_of_a_float_cache_still_loads(tiny_gemma3, tokens) -> None:  # type: ignore[no-untyped-def]
     """Version 3 added the quantized types; a version-2 file (float caches) reads as it is."""
+    from kvtool.state.header import sampled_content_hash
+
     src = ctx_of(tiny_gemma3, "f16", "f16", True)
     kvtool.decode_tokens(src, tokens(tiny_gemma3, 9), 0, 0)
-    old = rewrite(src.state_get_data(), lambda s, t: s.update(version=2))
+    sampled = sampled_content_hash(tiny_gemma3.path)  # version 2's model.content
+    old = rewrite(
+        src.state_get_data(), lambda s, t: (s.update(version=2), s["model"].update(content=sampled))
+    )
     want = next_logits(src, 0)
     dst = ctx_of(tiny_gemma3, "f16", "f16", True)
     dst.state_set_data(old)
