@@ -203,7 +203,7 @@ def read_container(data: bytes | memoryview) -> tuple[dict[str, Any], dict[str, 
 
 
 FORMAT = "kvtool.state"
-VERSION = 3  # 2: separate K and V types (type_k, type_v); 3: quantized K/V types, app.* blobs, whole-GGUF model.content
+VERSION = 3  # 2: separate K/V types; 3: quantized K/V types, app.* blobs, whole-GGUF model.content
 READS = (2, 3)  # a version-2 state is a version-3 one of float caches, no blobs and a sampled model.content
 
 
