@@ -321,6 +321,7 @@ def baseline(verb: str, f: Files) -> list[str]:
         "parallel": [*m, "-np", "2", "-ns", "2", "-n", "4", "-c", "512", "--no-progress"],
         "bench": [*m, "-p", "8", "-n", "4", "-r", "1", "--no-progress"],
         "batched-bench": [*m, "-c", "128", "-npp", "8", "-ntg", "4", "-npl", "1", "--no-progress"],
+        "kv-types": [*m, "-f", f.text, "--types", "bf16"],  # without: smollm2 and seven pairs
         "defrag-sim": ["--policy", "paged", "--requests", "20", "--clients", "4", "-c", "4096"],
         "state save": [*m, "-o", "saved.kvs", "-p", "hello", "-c", "64"],
         "state load": [*m, "-i", f.state, "-n", "2", "-c", "64"],
