@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from kvtool.batch import UBatch
 from kvtool.errors import ModelLoadError
@@ -22,7 +21,8 @@ from kvtool.memory.recurrent import RecurrentSpec
 from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import GraniteScales, SSMHParams, read_int
 from kvtool.models.layers import attend, rms_norm, swiglu
-from kvtool.models.linear import Linear, LinearGroup
+from kvtool.models.linear import Linear, LinearGroup, linear_normed
+from kvtool.models.llama import qkv
 from kvtool.models.mamba2 import Mamba2Layer, Mamba2Mixer
 from kvtool.models.rope import RopeParams, Rotation, apply_rope
 from kvtool.models.tensors import ModelTensors
@@ -30,28 +30,13 @@ from kvtool.models.tensors import ModelTensors
 
 @dataclass
 class GraniteAttention:
-    wq: torch.Tensor  # [n_head * hd, n_embd]
-    wk: torch.Tensor  # [n_head_kv * hd, n_embd]
-    wv: torch.Tensor  # [n_head_kv * hd, n_embd]
-    wo: torch.Tensor  # [n_embd, n_head * hd]
-    bq: torch.Tensor | None
-    bk: torch.Tensor | None
-    bv: torch.Tensor | None
-    bo: torch.Tensor | None
+    wqkv: LinearGroup  # q [n_head * hd, n_embd], k and v [n_head_kv * hd, n_embd] (+ biases)
+    wo: Linear  # [n_embd, n_head * hd] (+ bias)
 
     @classmethod
     def load(cls, t: ModelTensors, il: int, rope: bool) -> GraniteAttention:
         p, d = f"blk.{il}.", t.attention(il, rope)
-        return cls(
-            wq=t.tensor(p + "attn_q.weight", (d.q, d.embd)),
-            wk=t.tensor(p + "attn_k.weight", (d.k, d.embd)),
-            wv=t.tensor(p + "attn_v.weight", (d.v, d.embd)),
-            wo=t.tensor(p + "attn_output.weight", (d.embd, d.out)),
-            bq=t.optional(p + "attn_q.bias", (d.q,)),
-            bk=t.optional(p + "attn_k.bias", (d.k,)),
-            bv=t.optional(p + "attn_v.bias", (d.v,)),
-            bo=t.optional(p + "attn_output.bias", (d.embd,)),
-        )
+        return cls(qkv(t, il, d), t.linear(p + "attn_output.weight", (d.embd, d.out), p + "attn_output.bias"))
 
 
 @dataclass
@@ -67,7 +52,6 @@ class GraniteHybridModel:
     """Weights and forward pass of granitehybrid (dense feed-forward layers)."""
 
     def __init__(self, t: ModelTensors) -> None:
-        # The feed-forward linears follow the weights mode; the mixers stay float32.
         f, hp = t.f, t.hp
         self.hp = hp
         self.scales = GraniteScales.from_gguf(f)
@@ -78,11 +62,10 @@ class GraniteHybridModel:
         ):
             raise ModelLoadError(f"{f.path.name}: granitehybrid mixture-of-experts layers are not supported")
         self.mamba = Mamba2Mixer(s, hp.eps)
-        E, V = t.n_embd, t.n_vocab
-        self.tok_embd = t.tensor("token_embd.weight", (V, E))  # [n_vocab, n_embd]
+        E = t.n_embd
+        self.tok_embd = t.embedding()  # [n_vocab, n_embd]
         self.output_norm = t.tensor("output_norm.weight", (E,))
-        out = t.optional("output.weight", (V, E))
-        self.output: torch.Tensor = self.tok_embd if out is None else out
+        self.output = t.output(self.tok_embd)  # tied embeddings if absent
         use_rope = bool(read_int(f, f"{f.arch}.rope.scaling.finetuned", True))
 
         def layer(il: int) -> GraniteHybridLayer:
@@ -136,18 +119,19 @@ class GraniteHybridModel:
         mctx: MemoryContext,
     ) -> torch.Tensor:
         hp, n = self.hp, h.shape[0]
-        q = F.linear(h, A.wq, A.bq).view(n, hp.n_head, hp.head_dim_k)
-        k = F.linear(h, A.wk, A.bk).view(n, hp.n_head_kv[il], hp.head_dim_k)
-        v = F.linear(h, A.wv, A.bv).view(n, hp.n_head_kv[il], hp.head_dim_v)
+        q, k, v = A.wqkv(h)
+        q = q.view(n, hp.n_head, hp.head_dim_k)
+        k = k.view(n, hp.n_head_kv[il], hp.head_dim_k)
+        v = v.view(n, hp.n_head_kv[il], hp.head_dim_v)
         if self.rope is not None and rot is not None:
             q = apply_rope(q, rot, self.rope)
             k = apply_rope(k, rot, self.rope)
-        return F.linear(attend(mctx.layer_view(il), q, k, v, self.kq_scale), A.wo, A.bo)
+        return A.wo(attend(mctx.layer_view(il), q, k, v, self.kq_scale))
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
         hp, sc = self.hp, self.scales
-        x = self.tok_embd[torch.from_numpy(ub.token).to(self.tok_embd.device)]  # [n_tokens, n_embd]
+        x = self.tok_embd(torch.from_numpy(ub.token))  # [n_tokens, n_embd]
         if sc.embedding:
             x = x * sc.embedding
         rot = self.rope.rotation(torch.from_numpy(ub.pos).to(x.device)) if self.rope is not None else None
@@ -163,7 +147,7 @@ class GraniteHybridModel:
             x = x + (cur * sc.residual if sc.residual else cur)
             f = swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
             x = x + (f * sc.residual if sc.residual else f)
-        logits = F.linear(rms_norm(x, self.output_norm, hp.eps), self.output)
+        logits = linear_normed(self.output, x, self.output_norm, hp.eps, rms_norm)
         return logits / sc.logit if sc.logit else logits
 
 

@@ -15,7 +15,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from kvtool.batch import UBatch
 from kvtool.errors import ModelLoadError
@@ -27,7 +26,8 @@ from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
 from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import read_int
 from kvtool.models.layers import attend, rms_norm, swiglu
-from kvtool.models.linear import Linear, LinearGroup
+from kvtool.models.linear import Linear, LinearGroup, linear_normed
+from kvtool.models.llama import qkv
 from kvtool.models.mamba_layers import seq_blocks, store
 from kvtool.models.rope import RopeParams, Rotation, apply_rope
 from kvtool.models.tensors import Dim, ModelTensors
@@ -35,17 +35,15 @@ from kvtool.models.tensors import Dim, ModelTensors
 
 @dataclass
 class ShortConv:
-    in_proj: torch.Tensor  # [3 * n_embd, n_embd]: B, C, x
+    in_proj: Linear  # [3 * n_embd, n_embd]: B, C, x
     conv: torch.Tensor  # [n_embd, l_cache]
-    out_proj: torch.Tensor  # [n_embd, n_embd]
+    out_proj: Linear  # [n_embd, n_embd]
 
 
 @dataclass
 class Lfm2Attention:
-    wq: torch.Tensor  # [n_head * hd, n_embd]
-    wk: torch.Tensor  # [n_head_kv * hd, n_embd]
-    wv: torch.Tensor  # [n_head_kv * hd, n_embd]
-    wo: torch.Tensor  # [n_embd, n_head * hd]
+    wqkv: LinearGroup  # q [n_head * hd, n_embd], k and v [n_head_kv * hd, n_embd]
+    wo: Linear  # [n_embd, n_head * hd]
     q_norm: torch.Tensor  # [hd]
     k_norm: torch.Tensor  # [hd]
 
@@ -68,15 +66,14 @@ class Lfm2Layer:
         mixer: ShortConv | Lfm2Attention
         if conv:
             mixer = ShortConv(
-                w("shortconv.in_proj", (3 * E, E)),
+                t.linear(p + "shortconv.in_proj.weight", (3 * E, E)),
                 w("shortconv.conv", (E, l_cache)),
-                w("shortconv.out_proj", (E, E)),
+                t.linear(p + "shortconv.out_proj.weight", (E, E)),
             )
         else:
             d = t.attention(il)
-            q, k, v = w("attn_q", (d.q, E)), w("attn_k", (d.k, E)), w("attn_v", (d.v, E))
             norms = w("attn_q_norm", (d.head_k,)), w("attn_k_norm", (d.head_k,))
-            mixer = Lfm2Attention(q, k, v, w("attn_output", (E, d.out)), *norms)
+            mixer = Lfm2Attention(qkv(t, il, d), t.linear(p + "attn_output.weight", (E, d.out)), *norms)
         gate_up = t.group([(p + "ffn_gate.weight", (F, E)), (p + "ffn_up.weight", (F, E))])
         down = t.linear(p + "ffn_down.weight", (E, F))
         return cls(w("attn_norm", (E,)), mixer, w("ffn_norm", (E,)), gate_up, down)
@@ -86,17 +83,15 @@ class Lfm2Model:
     """Weights and forward pass of lfm2 (dense feed-forward layers)."""
 
     def __init__(self, t: ModelTensors) -> None:
-        # The feed-forward linears follow the weights mode; the mixers stay float32.
         f, hp = t.f, t.hp
         self.hp = hp
         self.l_cache = read_int(f, f"{f.arch}.shortconv.l_cache", lo=2)
         if read_int(f, f"{f.arch}.attention.sliding_window", 0) > 0:
             raise ModelLoadError(f"{f.path.name}: lfm2 with sliding-window attention is not supported")
-        E, V = t.n_embd, t.n_vocab
-        self.tok_embd = t.tensor("token_embd.weight", (V, E))  # [n_vocab, n_embd]
+        E = t.n_embd
+        self.tok_embd = t.embedding()  # [n_vocab, n_embd]
         self.output_norm = t.tensor("token_embd_norm.weight", (E,))  # the final norm, despite its name
-        out = t.optional("output.weight", (V, E))
-        self.output = out if out is not None else self.tok_embd
+        self.output = t.output(self.tok_embd)  # tied embeddings if absent
         l_cache = t.dim("shortconv.l_cache", self.l_cache)
         self.layers = [Lfm2Layer.load(t, il, self.is_recurrent(il), l_cache) for il in range(hp.n_layer)]
         self.rope = RopeParams(n_rot=hp.n_rot, base=hp.rope_base, freq_scale=hp.rope_freq_scale, neox=True)
@@ -122,10 +117,10 @@ class Lfm2Model:
         return apply_rope(k, self.rope.rotation(delta), self.rope)
 
     def _short_conv(self, L: ShortConv, h: torch.Tensor, ub: UBatch, view: RSView) -> torch.Tensor:
-        b, c, x = seq_blocks(F.linear(h, L.in_proj), ub).chunk(3, dim=-1)  # [n_seqs, T, n_embd] each
+        b, c, x = seq_blocks(L.in_proj(h), ub).chunk(3, dim=-1)  # [n_seqs, T, n_embd] each
         y, states = short_conv(view.conv, b * x, L.conv, None, view.n_states)
         store(view, states, states.new_zeros(*states.shape[:2], 0))
-        return F.linear(c * y, L.out_proj).reshape(ub.n_tokens, -1)
+        return L.out_proj((c * y).reshape(ub.n_tokens, -1))
 
     def _attention(
         self,
@@ -136,17 +131,18 @@ class Lfm2Model:
         mctx: MemoryContext,
     ) -> torch.Tensor:
         hp, n = self.hp, h.shape[0]
-        q = F.linear(h, A.wq).view(n, hp.n_head, hp.head_dim_k)
-        k = F.linear(h, A.wk).view(n, hp.n_head_kv[il], hp.head_dim_k)
-        v = F.linear(h, A.wv).view(n, hp.n_head_kv[il], hp.head_dim_v)
+        q, k, v = A.wqkv(h)
+        q = q.view(n, hp.n_head, hp.head_dim_k)
+        k = k.view(n, hp.n_head_kv[il], hp.head_dim_k)
+        v = v.view(n, hp.n_head_kv[il], hp.head_dim_v)
         q = apply_rope(rms_norm(q, A.q_norm, hp.eps), rot, self.rope)
         k = apply_rope(rms_norm(k, A.k_norm, hp.eps), rot, self.rope)
-        return F.linear(attend(mctx.layer_view(il), q, k, v, self.kq_scale), A.wo)
+        return A.wo(attend(mctx.layer_view(il), q, k, v, self.kq_scale))
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
         hp = self.hp
-        x = self.tok_embd[torch.from_numpy(ub.token).to(self.tok_embd.device)]  # [n_tokens, n_embd]
+        x = self.tok_embd(torch.from_numpy(ub.token))  # [n_tokens, n_embd]
         rot = self.rope.rotation(torch.from_numpy(ub.pos).to(x.device))
         for il, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, hp.eps)
@@ -159,7 +155,7 @@ class Lfm2Model:
                 cur, x = cur[out], x[out]
             x = x + cur
             x = x + swiglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
-        return F.linear(rms_norm(x, self.output_norm, hp.eps), self.output)
+        return linear_normed(self.output, x, self.output_norm, hp.eps, rms_norm)
 
 
 ARCHITECTURES = {"lfm2": Lfm2Model}

@@ -243,6 +243,12 @@ def linear_normed(lin: Linear, x: torch.Tensor, w: torch.Tensor, eps: float, nor
     return lin(norm(x, w, eps))
 
 
+def linear_rows(lin: Linear, x: torch.Tensor) -> torch.Tensor:
+    """lin over the last dim of x [..., n_in] -> [..., n_out]: a Linear takes rows [n, n_in]."""
+    y = lin(x.reshape(-1, x.shape[-1]))
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
 class Embedding:
     """Token embedding rows. With `weights="auto"` only the rows asked for are dequantized (from
     the memory-mapped file, bit for bit as a full dequantization gives them)."""

@@ -14,21 +14,21 @@ from kvtool.kernels.ssm_scan import ssm_scan
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
 from kvtool.models.hparams import SSMHParams
 from kvtool.models.layers import rms_norm
+from kvtool.models.linear import Linear, linear_rows
 from kvtool.models.mamba_layers import RecurrentLM, seq_blocks, ssm_conv, store
 from kvtool.models.tensors import ModelTensors
 
 
 @dataclass
 class MambaLayer:
-    ssm_in: torch.Tensor  # [2 * d_inner, n_embd]
+    ssm_in: Linear  # [2 * d_inner, n_embd]
     conv_w: torch.Tensor  # [d_inner, d_conv]
     conv_b: torch.Tensor  # [d_inner]
-    ssm_x: torch.Tensor  # [dt_rank + 2 * d_state, d_inner]
-    dt_w: torch.Tensor  # [d_inner, dt_rank]
-    dt_b: torch.Tensor  # [d_inner]
+    ssm_x: Linear  # [dt_rank + 2 * d_state, d_inner]
+    ssm_dt: Linear  # [d_inner, dt_rank] (+ bias [d_inner])
     A: torch.Tensor  # [d_inner, d_state] (already -exp(A_log))
     D: torch.Tensor  # [d_inner]
-    ssm_out: torch.Tensor  # [n_embd, d_inner]
+    ssm_out: Linear  # [n_embd, d_inner]
     dt_norm: torch.Tensor | None
     b_norm: torch.Tensor | None
     c_norm: torch.Tensor | None
@@ -38,7 +38,6 @@ class MambaModel(RecurrentLM):
     """Weights and forward pass of Mamba-1."""
 
     def __init__(self, t: ModelTensors) -> None:
-        # Every weights mode loads float32 here: "auto" packs only the attention models' linears.
         super().__init__(t)
         self.hp = hp = t.hp
         self.ssm = s = SSMHParams.from_gguf(t.f)
@@ -47,16 +46,16 @@ class MambaModel(RecurrentLM):
 
         def layer(il: int) -> MambaLayer:
             p = f"blk.{il}."
+            t.check(p + "ssm_dt.bias", (di,))  # required, as llama.cpp's
             return MambaLayer(
-                ssm_in=t.tensor(p + "ssm_in.weight", (2 * di, E)),
+                ssm_in=t.linear(p + "ssm_in.weight", (2 * di, E)),
                 conv_w=t.tensor(p + "ssm_conv1d.weight", (di, dc)),
                 conv_b=t.tensor(p + "ssm_conv1d.bias", (di,)),
-                ssm_x=t.tensor(p + "ssm_x.weight", (dt + 2 * ds, di)),
-                dt_w=t.tensor(p + "ssm_dt.weight", (di, dt)),
-                dt_b=t.tensor(p + "ssm_dt.bias", (di,)),
+                ssm_x=t.linear(p + "ssm_x.weight", (dt + 2 * ds, di)),
+                ssm_dt=t.linear(p + "ssm_dt.weight", (di, dt), p + "ssm_dt.bias"),
                 A=t.tensor(p + "ssm_a", (di, ds)),
                 D=t.tensor(p + "ssm_d", (di,)),
-                ssm_out=t.tensor(p + "ssm_out.weight", (E, di)),
+                ssm_out=t.linear(p + "ssm_out.weight", (E, di)),
                 dt_norm=t.optional(p + "ssm_dt_norm.weight", (dt,)),
                 b_norm=t.optional(p + "ssm_b_norm.weight", (ds,)),
                 c_norm=t.optional(p + "ssm_c_norm.weight", (ds,)),
@@ -71,19 +70,19 @@ class MambaModel(RecurrentLM):
 
     def block(self, il: int, h: torch.Tensor, ub: UBatch, view: RSView) -> torch.Tensor:
         s, L = self.ssm, self.layers[il]
-        xz = seq_blocks(F.linear(h, L.ssm_in), ub)  # [n_seqs, T, 2 * d_inner]
+        xz = seq_blocks(L.ssm_in(h), ub)  # [n_seqs, T, 2 * d_inner]
         x, z = xz[..., : s.d_inner], xz[..., s.d_inner :]
         x, conv_states = ssm_conv(view.conv, x, L.conv_w, L.conv_b, view.n_states)
         x = F.silu(x)
-        dbc = F.linear(x, L.ssm_x)  # [n_seqs, T, dt_rank + 2 * d_state]
+        dbc = linear_rows(L.ssm_x, x)  # [n_seqs, T, dt_rank + 2 * d_state]
         dt, B, C = dbc.split([s.dt_rank, s.d_state, s.d_state], dim=-1)
         if s.dt_b_c_rms or (L.dt_norm is not None and L.b_norm is not None and L.c_norm is not None):
             dt, B, C = (rms_norm(t, w, self.eps) for t, w in ((dt, L.dt_norm), (B, L.b_norm), (C, L.c_norm)))
-        dt = F.linear(dt, L.dt_w, L.dt_b)  # [n_seqs, T, d_inner]
+        dt = linear_rows(L.ssm_dt, dt)  # [n_seqs, T, d_inner]
         y, ssm_states = ssm_scan(view.ssm, x, dt, L.A, B, C, view.n_states)
         store(view, conv_states, ssm_states)
         y = (y + x * L.D) * F.silu(z)
-        return F.linear(y, L.ssm_out).reshape(ub.n_tokens, -1)
+        return L.ssm_out(y.reshape(ub.n_tokens, -1))
 
 
 ARCHITECTURES = {"mamba": MambaModel}

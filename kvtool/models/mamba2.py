@@ -14,20 +14,21 @@ from kvtool.kernels.ssd import ssd
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
 from kvtool.models.hparams import SSMHParams
 from kvtool.models.layers import rms_norm
+from kvtool.models.linear import Linear
 from kvtool.models.mamba_layers import RecurrentLM, seq_blocks, ssm_conv, store
 from kvtool.models.tensors import ModelTensors
 
 
 @dataclass
 class Mamba2Layer:
-    ssm_in: torch.Tensor  # [2 * d_inner + 2 * n_group * d_state + n_head, n_embd]
+    ssm_in: Linear  # [2 * d_inner + 2 * n_group * d_state + n_head, n_embd]
     conv_w: torch.Tensor  # [d_inner + 2 * n_group * d_state, d_conv]
     conv_b: torch.Tensor
     dt_b: torch.Tensor  # [n_head]
     A: torch.Tensor  # [n_head]
     D: torch.Tensor  # [n_head]
     norm: torch.Tensor | None  # [n_group, d_inner / n_group]
-    ssm_out: torch.Tensor  # [n_embd, d_inner]
+    ssm_out: Linear  # [n_embd, d_inner]
 
     @classmethod
     def load(cls, t: ModelTensors, il: int, s: SSMHParams) -> Mamba2Layer:
@@ -40,14 +41,14 @@ class Mamba2Layer:
         )
         gds = g * ds
         return cls(
-            ssm_in=t.tensor(p + "ssm_in.weight", (2 * di + 2 * gds + h, E)),
+            ssm_in=t.linear(p + "ssm_in.weight", (2 * di + 2 * gds + h, E)),
             conv_w=t.tensor(p + "ssm_conv1d.weight", (di + 2 * gds, dc)),
             conv_b=t.tensor(p + "ssm_conv1d.bias", (di + 2 * gds,)),
             dt_b=t.tensor(p + "ssm_dt.bias", numel=h),
             A=t.tensor(p + "ssm_a", numel=h).reshape(-1),
             D=t.tensor(p + "ssm_d", numel=h).reshape(-1),
             norm=t.optional(p + "ssm_norm.weight", (g, di // s.n_group)),
-            ssm_out=t.tensor(p + "ssm_out.weight", (E, di)),
+            ssm_out=t.linear(p + "ssm_out.weight", (E, di)),
         )
 
 
@@ -78,7 +79,7 @@ class Mamba2Mixer:
         s = self.ssm
         S, T = ub.n_seqs, ub.n_seq_tokens
         gn = s.n_group * s.d_state
-        zxbcdt = seq_blocks(F.linear(h, L.ssm_in), ub)
+        zxbcdt = seq_blocks(L.ssm_in(h), ub)
         z, xbc, dt = zxbcdt.split([s.d_inner, s.d_inner + 2 * gn, self.n_head], dim=-1)
         xbc, conv_states = ssm_conv(view.conv, xbc, L.conv_w, L.conv_b, view.n_states)
         xbc = F.silu(xbc)
@@ -91,14 +92,13 @@ class Mamba2Mixer:
         y = (y + x * L.D[:, None]).reshape(S, T, s.d_inner) * F.silu(z)
         if L.norm is not None:  # RMS norm within each group of channels
             y = rms_norm(y.view(S, T, s.n_group, -1), L.norm, self.eps).reshape(S, T, s.d_inner)
-        return F.linear(y, L.ssm_out).reshape(ub.n_tokens, -1)
+        return L.ssm_out(y.reshape(ub.n_tokens, -1))
 
 
 class Mamba2Model(RecurrentLM):
     """Weights and forward pass of Mamba-2 (`ssm.time_step_rank` is the number of heads)."""
 
     def __init__(self, t: ModelTensors) -> None:
-        # Every weights mode loads float32 here: "auto" packs only the attention models' linears.
         super().__init__(t)
         self.hp = hp = t.hp
         self.ssm = s = SSMHParams.from_gguf(t.f)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import abc
 
 import torch
-import torch.nn.functional as F
 
 from kvtool.batch import UBatch
 from kvtool.memory.recurrent import RSView
 from kvtool.models.layers import rms_norm
+from kvtool.models.linear import linear_normed
 from kvtool.models.tensors import ModelTensors
 
 
@@ -48,11 +48,10 @@ class RecurrentLM(abc.ABC):
     def __init__(self, t: ModelTensors) -> None:
         self.n_layer = n_layer = t.hp.n_layer
         self.eps = t.hp.eps
-        E, V = t.n_embd, t.n_vocab
-        self.tok_embd = t.tensor("token_embd.weight", (V, E))  # [n_vocab, n_embd]
+        E = t.n_embd
+        self.tok_embd = t.embedding()  # [n_vocab, n_embd]
         self.output_norm = t.tensor("output_norm.weight", (E,))
-        out = t.optional("output.weight", (V, E))
-        self.output = out if out is not None else self.tok_embd
+        self.output = t.output(self.tok_embd)  # tied embeddings if absent
         self.attn_norm = [t.tensor(f"blk.{il}.attn_norm.weight", (E,)) for il in range(n_layer)]
 
     @abc.abstractmethod
@@ -61,9 +60,9 @@ class RecurrentLM(abc.ABC):
 
     def forward(self, ub: UBatch, mctx) -> torch.Tensor:  # type: ignore[no-untyped-def]
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
-        x = self.tok_embd[torch.from_numpy(ub.token).to(self.tok_embd.device)]  # [n_tokens, n_embd]
+        x = self.tok_embd(torch.from_numpy(ub.token))  # [n_tokens, n_embd]
         for il in range(self.n_layer):
             h = rms_norm(x, self.attn_norm[il], self.eps)
             x = x + self.block(il, h, ub, mctx.layer_view(il))
         x = x[torch.from_numpy(ub.output).to(x.device)]
-        return F.linear(rms_norm(x, self.output_norm, self.eps), self.output)
+        return linear_normed(self.output, x, self.output_norm, self.eps, rms_norm)

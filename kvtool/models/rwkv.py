@@ -18,6 +18,7 @@ from kvtool.batch import UBatch
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec
 from kvtool.models.hparams import RWKVHParams
+from kvtool.models.linear import Embedding, Linear
 from kvtool.models.tensors import ModelTensors
 
 GROUP_NORM_EPS = 64e-5  # llama.cpp's eps for the per-head norm of the WKV output
@@ -45,12 +46,12 @@ def token_shift(x: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
 class RWKVCommon:
     """The weights outside the blocks and the norms every block has."""
 
-    tok_embd: torch.Tensor  # [n_vocab, n_embd]
+    tok_embd: Embedding  # [n_vocab, n_embd]
     tok_norm: torch.Tensor  # [n_embd] (+ bias): RWKV's ln0 right after the embedding
     tok_norm_b: torch.Tensor
     output_norm: torch.Tensor
     output_norm_b: torch.Tensor
-    output: torch.Tensor  # [n_vocab, n_embd]
+    output: Linear  # [n_vocab, n_embd]
     attn_norm: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (weight, bias), before the time mix
     attn_norm_2: list[tuple[torch.Tensor, torch.Tensor]]  # per layer, before the channel mix
 
@@ -61,13 +62,14 @@ class RWKVCommon:
         def norm(name: str) -> tuple[torch.Tensor, torch.Tensor]:
             return t.tensor(f"{name}.weight", (E,)), t.tensor(f"{name}.bias", (E,))
 
+        tok_embd = t.embedding()
         return cls(
-            tok_embd=t.tensor("token_embd.weight", (t.n_vocab, E)),
+            tok_embd=tok_embd,
             tok_norm=t.tensor("token_embd_norm.weight", (E,)),
             tok_norm_b=t.tensor("token_embd_norm.bias", (E,)),
             output_norm=t.tensor("output_norm.weight", (E,)),
             output_norm_b=t.tensor("output_norm.bias", (E,)),
-            output=t.tensor("output.weight", (t.n_vocab, E)),
+            output=t.output(tok_embd, required=True),
             attn_norm=[norm(f"blk.{il}.attn_norm") for il in range(t.hp.n_layer)],
             attn_norm_2=[norm(f"blk.{il}.attn_norm_2") for il in range(t.hp.n_layer)],
         )
@@ -112,9 +114,7 @@ class RWKVModel(abc.ABC):
         c, eps = self.common, self.rwkv.norm_eps
         n, n_seqs, n_st = ub.n_tokens, ub.n_seqs, ub.n_seq_tokens
         assert n == n_seqs * n_st, (n, n_seqs, n_st)
-        x = layer_norm(
-            c.tok_embd[torch.from_numpy(ub.token).to(c.tok_embd.device)], c.tok_norm, c.tok_norm_b, eps
-        )  # [n, n_embd]
+        x = layer_norm(c.tok_embd(torch.from_numpy(ub.token)), c.tok_norm, c.tok_norm_b, eps)  # [n, n_embd]
         carry = Carry()
         for il in range(self.hp.n_layer):
             view = mctx.layer_view(il)  # an RSView
@@ -138,4 +138,4 @@ class RWKVModel(abc.ABC):
             every = self.rescale_every_n_layers
             if every and (il + 1) % every == 0:
                 x = x * 0.5
-        return F.linear(layer_norm(x, c.output_norm, c.output_norm_b, eps), c.output)
+        return c.output(layer_norm(x, c.output_norm, c.output_norm_b, eps))

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from kvtool.kernels.wkv6 import wkv6
 from kvtool.models.hparams import RWKVHParams, read_int
+from kvtool.models.linear import Linear, linear_rows
 from kvtool.models.rwkv import Carry, RWKVModel, head_group_norm
 from kvtool.models.tensors import Dim, ModelTensors, Shape
 
@@ -27,21 +28,18 @@ class RWKV6Layer:
     decay: torch.Tensor  # [n_embd]
     decay_w1: torch.Tensor  # [decay_extra, n_embd]
     decay_w2: torch.Tensor  # [n_embd, decay_extra]
-    wk: torch.Tensor  # [n_embd, n_embd]
-    wv: torch.Tensor
-    wr: torch.Tensor
-    wg: torch.Tensor
-    bk: torch.Tensor | None
-    bv: torch.Tensor | None
-    br: torch.Tensor | None
+    wk: Linear  # [n_embd, n_embd] (+ optional bias)
+    wv: Linear
+    wr: Linear
+    wg: Linear
     ln: torch.Tensor  # [n_embd]: group norm weight and bias
     ln_b: torch.Tensor
-    wo: torch.Tensor  # [n_embd, n_embd]
+    wo: Linear  # [n_embd, n_embd]
     cm_lerp_k: torch.Tensor  # [n_embd]
     cm_lerp_r: torch.Tensor
-    cm_key: torch.Tensor  # [n_ff, n_embd]
-    cm_value: torch.Tensor  # [n_embd, n_ff]
-    cm_receptance: torch.Tensor  # [n_embd, n_embd]
+    cm_key: Linear  # [n_ff, n_embd]
+    cm_value: Linear  # [n_embd, n_ff]
+    cm_receptance: Linear  # [n_embd, n_embd]
 
 
 def _load_layer(t: ModelTensors, il: int, r: RWKVHParams) -> RWKV6Layer:
@@ -52,6 +50,9 @@ def _load_layer(t: ModelTensors, il: int, r: RWKVHParams) -> RWKV6Layer:
 
     def w(name: str, shape: Shape | None = None, numel: Dim | None = None) -> torch.Tensor:
         return t.tensor(p + name + ".weight", shape, numel)
+
+    def lin(name: str, shape: Shape, bias: bool = False) -> Linear:
+        return t.linear(p + name + ".weight", shape, p + name + ".bias" if bias else None)
 
     def vec(name: str) -> torch.Tensor:
         return w(name, numel=E).reshape(E.n)
@@ -69,21 +70,18 @@ def _load_layer(t: ModelTensors, il: int, r: RWKVHParams) -> RWKV6Layer:
         decay=vec("time_mix_decay"),
         decay_w1=w("time_mix_decay_w1", (dextra, E)),
         decay_w2=w("time_mix_decay_w2", (E, dextra)),
-        wk=w("time_mix_key", (E, E)),
-        wv=w("time_mix_value", (E, E)),
-        wr=w("time_mix_receptance", (E, E)),
-        wg=w("time_mix_gate", (E, E)),
-        bk=t.optional(p + "time_mix_key.bias", (E,)),
-        bv=t.optional(p + "time_mix_value.bias", (E,)),
-        br=t.optional(p + "time_mix_receptance.bias", (E,)),
+        wk=lin("time_mix_key", (E, E), bias=True),
+        wv=lin("time_mix_value", (E, E), bias=True),
+        wr=lin("time_mix_receptance", (E, E), bias=True),
+        wg=lin("time_mix_gate", (E, E)),
         ln=w("time_mix_ln", (E,)),
         ln_b=t.tensor(p + "time_mix_ln.bias", (E,)),
-        wo=w("time_mix_output", (E, E)),
+        wo=lin("time_mix_output", (E, E)),
         cm_lerp_k=vec("channel_mix_lerp_k"),
         cm_lerp_r=vec("channel_mix_lerp_r"),
-        cm_key=w("channel_mix_key", (F, E)),
-        cm_value=w("channel_mix_value", (E, F)),
-        cm_receptance=w("channel_mix_receptance", (E, E)),
+        cm_key=lin("channel_mix_key", (F, E)),
+        cm_value=lin("channel_mix_value", (E, F)),
+        cm_receptance=lin("channel_mix_receptance", (E, E)),
     )
 
 
@@ -91,7 +89,6 @@ class RWKV6Model(RWKVModel):
     """Weights and forward pass of the rwkv6 architecture."""
 
     def __init__(self, t: ModelTensors) -> None:
-        # Every weights mode loads float32 here: "auto" packs only the attention models' linears.
         super().__init__(t)
         self.rescale_every_n_layers = self.rwkv.rescale_every_n_layers
         self.layers = [_load_layer(t, il, self.rwkv) for il in range(t.hp.n_layer)]
@@ -106,22 +103,22 @@ class RWKV6Model(RWKVModel):
         h = torch.tanh(F.linear(x + sx * L.lerp_x, L.mix_w1)).view(B, T, len(_LERPS), -1)  # [B, T, 5, extra]
         lora = torch.einsum("btfd,fed->btfe", h, L.mix_w2)  # [B, T, 5, E]
         xw, xk, xv, xr, xg = (x[:, :, None] + (lora + L.lerp) * sx[:, :, None]).unbind(2)
-        r = F.linear(xr, L.wr, L.br).view(B, T, H, N)
-        k = F.linear(xk, L.wk, L.bk).view(B, T, H, N)
-        v = F.linear(xv, L.wv, L.bv).view(B, T, H, N)
-        g = F.silu(F.linear(xg, L.wg))
+        r = linear_rows(L.wr, xr).view(B, T, H, N)
+        k = linear_rows(L.wk, xk).view(B, T, H, N)
+        v = linear_rows(L.wv, xv).view(B, T, H, N)
+        g = F.silu(linear_rows(L.wg, xg))
         # w = exp(-exp(d)): kept as its logarithm -exp(d), which the kernel exponentiates.
         w_log = -torch.exp(L.decay + F.linear(torch.tanh(F.linear(xw, L.decay_w1)), L.decay_w2))
         out, states = wkv6(r, k, v, w_log.view(B, T, H, N), L.first, state, n_states)
         out = head_group_norm(out.reshape(B, T, E), L.ln, L.ln_b, N) * g
-        return F.linear(out, L.wo), states
+        return linear_rows(L.wo, out), states
 
     def channel_mix(self, il: int, x: torch.Tensor, x_prev: torch.Tensor) -> torch.Tensor:
         L = self.layers[il]
         sx = x_prev - x
-        r = torch.sigmoid(F.linear(x + sx * L.cm_lerp_r, L.cm_receptance))
-        k = torch.relu(F.linear(x + sx * L.cm_lerp_k, L.cm_key)).square()
-        return r * F.linear(k, L.cm_value)
+        r = torch.sigmoid(L.cm_receptance(x + sx * L.cm_lerp_r))
+        k = torch.relu(L.cm_key(x + sx * L.cm_lerp_k)).square()
+        return r * L.cm_value(k)
 
 
 ARCHITECTURES = {"rwkv6": RWKV6Model}

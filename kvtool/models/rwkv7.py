@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from kvtool.kernels.wkv7 import wkv7
 from kvtool.models.hparams import read_int
+from kvtool.models.linear import Linear, linear_rows
 from kvtool.models.rwkv import Carry, RWKVModel, head_group_norm
 from kvtool.models.tensors import Dim, ModelTensors, Shape
 
@@ -48,15 +49,15 @@ class RWKV7Layer:
     k_k: torch.Tensor  # [n_embd]
     k_a: torch.Tensor
     r_k: torch.Tensor  # [n_head, head_size]
-    wr: torch.Tensor  # [n_embd, n_embd]
-    wk: torch.Tensor
-    wv: torch.Tensor
-    wo: torch.Tensor
+    wr: Linear  # [n_embd, n_embd]
+    wk: Linear
+    wv: Linear
+    wo: Linear
     ln: torch.Tensor | None  # [n_embd]: group norm weight and bias (optional, as in llama.cpp)
     ln_b: torch.Tensor | None
     cm_lerp_k: torch.Tensor  # [n_embd]
-    cm_key: torch.Tensor  # [n_ff, n_embd]
-    cm_value: torch.Tensor  # [n_embd, n_ff]
+    cm_key: Linear  # [n_ff, n_embd]
+    cm_value: Linear  # [n_embd, n_ff]
 
 
 _LORAS = (  # x of time_mix_{x}1 / {x}2 and the key of its rank
@@ -97,15 +98,15 @@ def _load_layer(t: ModelTensors, il: int, n_head: int) -> RWKV7Layer:
         k_k=vec("time_mix_k_k"),
         k_a=vec("time_mix_k_a"),
         r_k=w("time_mix_r_k", numel=E).reshape(n_head, -1),
-        wr=w("time_mix_receptance", (E, E)),
-        wk=w("time_mix_key", (E, E)),
-        wv=w("time_mix_value", (E, E)),
-        wo=w("time_mix_output", (E, E)),
+        wr=t.linear(p + "time_mix_receptance.weight", (E, E)),
+        wk=t.linear(p + "time_mix_key.weight", (E, E)),
+        wv=t.linear(p + "time_mix_value.weight", (E, E)),
+        wo=t.linear(p + "time_mix_output.weight", (E, E)),
         ln=ln if has_ln else None,
         ln_b=ln_b if has_ln else None,
         cm_lerp_k=vec("channel_mix_lerp_k"),
-        cm_key=w("channel_mix_key", (F, E)),
-        cm_value=w("channel_mix_value", (E, F)),
+        cm_key=t.linear(p + "channel_mix_key.weight", (F, E)),
+        cm_value=t.linear(p + "channel_mix_value.weight", (E, F)),
     )
 
 
@@ -113,7 +114,6 @@ class RWKV7Model(RWKVModel):
     """Weights and forward pass of the rwkv7 architecture."""
 
     def __init__(self, t: ModelTensors) -> None:
-        # Every weights mode loads float32 here: "auto" packs only the attention models' linears.
         super().__init__(t)
         self.layers = [_load_layer(t, il, self.rwkv.n_head) for il in range(t.hp.n_layer)]
 
@@ -124,10 +124,10 @@ class RWKV7Model(RWKVModel):
         B, T, E = x.shape
         H, N = self.rwkv.n_head, self.rwkv.head_size
         xr, xw, xk, xv, xa, xg = (x[:, :, None] + (x_prev - x)[:, :, None] * L.lerp).unbind(2)
-        r = F.linear(xr, L.wr)
+        r = linear_rows(L.wr, xr)
         w_log = _DECAY_SCALE * torch.sigmoid(L.decay(xw, "tanh"))
-        k = F.linear(xk, L.wk)
-        v = F.linear(xv, L.wv)
+        k = linear_rows(L.wk, xk)
+        v = linear_rows(L.wv, xv)
         if carry.v_first is None:
             carry.v_first = v
         else:
@@ -146,12 +146,12 @@ class RWKV7Model(RWKVModel):
             out = head_group_norm(out, L.ln, L.ln_b, N)
         bonus = (k4 * r.view(B, T, H, N) * L.r_k).sum(-1, keepdim=True) * v.view(B, T, H, N)
         out = (out + bonus.reshape(B, T, E)) * g
-        return F.linear(out, L.wo), states
+        return linear_rows(L.wo, out), states
 
     def channel_mix(self, il: int, x: torch.Tensor, x_prev: torch.Tensor) -> torch.Tensor:
         L = self.layers[il]
-        k = torch.relu(F.linear(x + (x_prev - x) * L.cm_lerp_k, L.cm_key)).square()
-        return F.linear(k, L.cm_value)
+        k = torch.relu(L.cm_key(x + (x_prev - x) * L.cm_lerp_k)).square()
+        return L.cm_value(k)
 
 
 ARCHITECTURES = {"rwkv7": RWKV7Model}
