@@ -98,7 +98,9 @@ WeightsOpt = Annotated[
     str,
     typer.Option(
         "--weights",
-        help="Weights in memory: auto (quantized as in the file on the CPU, bf16 on CUDA), f32, f16 or bf16.",
+        help="Weights in memory: auto (quantized as in the file on the CPU, bf16 on CUDA), f32, f16 or bf16;"
+        " every architecture's matrices, embedding and output follow it, while norms, biases and the"
+        " small tensors recurrent scans read (conv, A, D, decays, lerps, RWKV's low-rank) stay f32.",
     ),
 ]
 NoProgressOpt = Annotated[
