@@ -18,10 +18,9 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-from gguf.quants import quantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.helpers.quantized import quantizable
+from tests.helpers.quantized import add_tensor, finish, quantizable
 
 T = gguf.GGMLQuantizationType
 TINY = Path(__file__).resolve().parents[1] / "tests" / "data" / "tiny" / "models" / "tiny-mamba2.gguf"
@@ -74,15 +73,10 @@ def write(qtype: T, path: Path, seed: int = 0) -> Path:
         value = FILE_TYPES[qtype] if f.name == "general.file_type" else value
         w.add_key_value(f.name, value, f.types[0], sub_type=sub)
     n_vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
-    for name, x in tensors(n_vocab, np.random.default_rng(seed)).items():
-        if quantizable(name, x.shape) and x.shape[1] % 32 == 0:
-            w.add_tensor(name, quantize(x, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(name, x)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    rng = np.random.default_rng(seed)
+    for name, x in tensors(n_vocab, rng).items():
+        add_tensor(w, name, x, qtype if quantizable(name, x.shape) and x.shape[1] % 32 == 0 else None, rng)
+    finish(w)
     return path
 
 

@@ -11,9 +11,11 @@ from typing import Any
 
 import gguf
 import numpy as np
+import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
+from kvtool import Batch, Context, ContextParams, Model
 from tests.helpers import lowbit
 
 
@@ -64,14 +66,42 @@ def quantized_copy(src: Path, dst: Path, qtype_of: Callable[[str, int], GGMLQuan
     for t in reader.tensors:
         data = np.asarray(t.data)
         qtype = qtype_of(t.name, data.shape[-1]) if quantizable(t.name, data.shape) else None
-        if qtype is None:
-            writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
-        elif qtype in lowbit.TYPES:
-            writer.add_tensor(t.name, lowbit.random_blocks(qtype, *data.shape, rng), raw_dtype=qtype)
-        else:
-            writer.add_tensor(t.name, quantize(data, qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        add_tensor(writer, t.name, data, qtype, rng, t.tensor_type)
+    finish(writer)
     return dst
+
+
+def add_tensor(
+    w: gguf.GGUFWriter,
+    name: str,
+    data: np.ndarray,
+    qtype: GGMLQuantizationType | None,
+    rng: np.random.Generator,
+    raw: GGMLQuantizationType | None = None,
+) -> None:
+    """Adds `data` (float, or already of type `raw`) as `qtype`, or as it is where that is None."""
+    if qtype is None:
+        w.add_tensor(name, data, raw_dtype=raw)
+    elif qtype in lowbit.TYPES:
+        w.add_tensor(name, lowbit.random_blocks(qtype, *data.shape, rng), raw_dtype=qtype)
+    else:
+        w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
+
+
+def finish(w: gguf.GGUFWriter) -> None:
+    """Writes the header, the metadata and the tensors added, and closes the file."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def logits(model: Model, tokens: list[int], step: int) -> torch.Tensor:
+    """Every position's logits, decoding `step` tokens per llama_decode."""
+    ctx = Context(model, ContextParams(n_ctx=256))
+    rows = []
+    for i in range(0, len(tokens), step):
+        part = tokens[i : i + step]
+        ctx.decode(Batch(part, list(range(i, i + len(part))), [[0]] * len(part), [True] * len(part)))
+        rows.append(ctx.logits().clone())
+    return torch.cat(rows)

@@ -10,13 +10,13 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
-from kvtool import Batch, Context, ContextParams, Model
+from kvtool import Model
 from kvtool.kernels import cpu_lib, qmatmul
 from kvtool.models.linear import QUANT_MAX_ROWS, QuantLinear
 from kvtool.threads import compute_threads
 from tests.helpers import tiny_gguf
 from tests.helpers.decoder_script import count_runs, decode_script, expected_runs
-from tests.helpers.quantized import quantizing
+from tests.helpers.quantized import logits, quantizing
 
 pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: the kernel is not built")
 
@@ -29,17 +29,6 @@ def _qtype(name: str) -> T:
 def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with quantizing(_qtype):
         return tiny_gguf.write_tiny_llama(Path(tmp_path_factory.mktemp("q")) / "tiny-q4_1.gguf")
-
-
-def logits(model: Model, tokens: list[int], step: int) -> torch.Tensor:
-    """Every position's logits, decoding `step` tokens per llama_decode."""
-    ctx = Context(model, ContextParams(n_ctx=256))
-    rows = []
-    for i in range(0, len(tokens), step):
-        part = tokens[i : i + step]
-        ctx.decode(Batch(part, list(range(i, i + len(part))), [[0]] * len(part), [True] * len(part)))
-        rows.append(ctx.logits().clone())
-    return torch.cat(rows)
 
 
 def test_quantized_model_against_the_f32_mode(model_path: Path) -> None:

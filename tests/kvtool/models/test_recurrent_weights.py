@@ -16,11 +16,11 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
-from kvtool import Batch, Context, ContextParams, Model
+from kvtool import Model
 from kvtool.kernels import qmatmul
 from kvtool.kernels.dequant import F32
 from kvtool.models.linear import QUANT_MAX_ROWS, DenseLinear, Embedding, LinearGroup, QuantLinear
-from tests.helpers.quantized import quantized_copy
+from tests.helpers.quantized import logits, quantized_copy
 
 MODELS = Path(__file__).parents[2] / "data" / "tiny" / "models"
 ARCHS = ("mamba", "mamba2", "rwkv6", "rwkv7", "granitehybrid", "lfm2")
@@ -72,17 +72,6 @@ def linears(obj: Any) -> Iterator[tuple[str, Any]]:
                 yield from walk(v, f"{where}.{k}")
 
     yield from walk(obj, "model")
-
-
-def logits(model: Model, tokens: list[int], step: int) -> torch.Tensor:
-    """Every position's logits, decoding `step` tokens per call."""
-    ctx = Context(model, ContextParams(n_ctx=256, n_ubatch=step, n_batch=step))
-    rows = []
-    for i in range(0, len(tokens), step):
-        part = tokens[i : i + step]
-        ctx.decode(Batch(part, list(range(i, i + len(part))), [[0]] * len(part), [True] * len(part)))
-        rows.append(ctx.logits().clone())
-    return torch.cat(rows)
 
 
 TOKENS = ([1, 5, 9, 3, 7, 11, 4, 8, 2, 6, 13, 21] * 6)[: QUANT_MAX_ROWS + 8]
