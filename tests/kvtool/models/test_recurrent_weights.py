@@ -24,7 +24,7 @@ from tests.helpers.quantized import logits, quantized_copy
 
 MODELS = Path(__file__).parents[2] / "data" / "tiny" / "models"
 ARCHS = ("mamba", "mamba2", "rwkv6", "rwkv7", "granitehybrid", "lfm2")
-# (name, the type of rows whose length it divides): Q2_K only where rows are 256 wide
+# per copy: the types to try in order, the first whose block divides a row (Q2_K: 256)
 TYPES = {"q8_0": (T.Q8_0,), "q4_0": (T.Q4_0,), "q2_k": (T.Q2_K, T.Q8_0)}
 
 pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="no C compiler: the kernel is not built")
