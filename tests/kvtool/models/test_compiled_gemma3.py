@@ -67,7 +67,16 @@ def test_compiled_gemma3_layers_match_the_op_by_op_forward(
 QUANT_BOUND = {"q8_0": 0.02, "q4_0": 0.06, "q4_1": 0.06, "iq4_nl": 0.06}
 
 
-@pytest.mark.parametrize("cache_type", sorted(QUANT_BOUND))
+# Known since i35 (activations quantized per weight type) landed beside i30: over 4-bit caches
+# one position's argmax differs between the compiled call and op by op. Strict: fixing it fails
+# these marks, so they come off then (issue 35, stop 38's closing note).
+_I35_I30 = pytest.mark.xfail(strict=True, reason="compiled vs op-by-op argmax over 4-bit caches since i35")
+
+
+@pytest.mark.parametrize(
+    "cache_type",
+    [pytest.param(t, marks=_I35_I30) if t in ("q4_0", "q4_1") else t for t in sorted(QUANT_BOUND)],
+)
 def test_compiled_gemma3_layers_over_quantized_caches(model_path: Path, cache_type: str) -> None:
     model = Model(model_path)
     dec = model.impl.decoder
