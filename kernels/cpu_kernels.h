@@ -26,8 +26,8 @@ int kvb_quantize_row(int type, const float *x, int64_t n, void *dst);
 
 int kvr_rope_store(float *q, int64_t ldq, int64_t n_head, float *k, int64_t ldk, int64_t n_head_kv, int64_t hd,
                    const float *v, int64_t ldv, int64_t width_v, int64_t n, const float *cs, int64_t ldcs,
-                   int64_t n_rot, int neox, void *k_cache, int64_t ld_kc, void *v_cache, int64_t ld_vc, int k_type,
-                   int v_type, int64_t rot_k, int64_t rot_v, const int64_t *rows);
+                   int64_t n_rot, int neox, float q_scale, void *k_cache, int64_t ld_kc, void *v_cache, int64_t ld_vc,
+                   int k_type, int v_type, int64_t rot_k, int64_t rot_v, const int64_t *rows);
 
 int kva_attention(const float *q, int64_t sq_s, int64_t sq_i, int64_t sq_h, const void *k, int64_t sk_s,
                   int64_t sk_c, int64_t sk_h, const void *v, int64_t sv_s, int64_t sv_c, int64_t sv_h,

@@ -140,6 +140,7 @@ def load(path: Path) -> ctypes.CDLL | None:
         lib.kvr_rope_store.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, ptr, i64, i64, i64, ptr, i64, i64]
         lib.kvr_rope_store.argtypes += [
             ctypes.c_int,
+            ctypes.c_float,
             ptr,
             i64,
             ptr,

@@ -1,16 +1,15 @@
 /* Decoder layers for a small ubatch (decode) in one call, the llama family's and the Gemma
  * family's: per layer the RMS norm (unless the layer has none: olmo2) and the Q/K/V matmul
  * (qmatmul.c) with its bias (qwen2), the RMS norm of each Q and K head (Gemma 3, qwen3) or of the
- * whole of Q and K (olmo2), RoPE and the K/V store into the layer's cache (rope_store_cpu.c),
- * attention per stream over the cache (attention_cpu.c; Gemma 2 soft-caps the scores), the output
- * projection (Gemma, olmo2: RMS-normed; granite: scaled) added to the residual row, then the
- * gated feed-forward (SwiGLU, or Gemma's GELU) added too (normed and scaled alike).
+ * whole of Q and K (olmo2), RoPE (Gemma: then Q scaled) and the K/V store into the layer's cache
+ * (rope_store_cpu.c), attention per stream over the cache (attention_cpu.c; Gemma 2 soft-caps the
+ * scores), the output projection (Gemma, olmo2: RMS-normed; granite: scaled) added to the residual
+ * row, then the gated feed-forward (SwiGLU, or Gemma's GELU) added too (normed and scaled alike).
  *
- * For llama these are the kernels in the order kvtool/models/llama.py calls them one by one, so
- * the result has the same bits. Gemma's op-by-op forward (kvtool/models/gemma3.py) norms with
- * torch and scales Q before attention, so this call matches it to rounding. At one token the
- * calls between kernels cost more from Python than the kernels themselves; here there are none.
- * kernels/decoder_cpu.py builds the structs. */
+ * These are the kernels in the order the op-by-op forwards (kvtool/models/llama.py, gemma3.py)
+ * call them one by one, with ggml's norms and llama.cpp's order of scalings, so the result has
+ * the same bits. At one token the calls between kernels cost more from Python than the kernels
+ * themselves; here there are none. kernels/decoder_cpu.py builds the structs. */
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -34,6 +33,7 @@ typedef struct {
     float res_scale;       /* each block's output times it before its residual add (granite); 0: not */
     float softcap;         /* attention scores soft-capped (Gemma 2); 0: not */
     int qk_norm_all;       /* q_norm / k_norm over a row's whole Q and K (olmo2), not per head */
+    float q_scale;         /* Q times it after RoPE, before attention (Gemma's ggml_scale of Qcur); 1: not */
 } kvl_layer;
 /* One layer's cache: K [n_stream, n_cells, n_head_kv, hd_k] (a quantized type: a head's blocks
  * as bytes) at element strides (s, c, h) with a contiguous last dimension, V likewise; the cache
@@ -98,8 +98,8 @@ static int layer(const kvl_layer *L, const kvl_cache *C, const kvl_ubatch *U, fl
     if (L->q_norm) norm_heads(qkv, ldqkv, n, all ? 1 : L->n_head, all ? wq : L->hd_k, L->q_norm, L->eps);
     if (L->k_norm) norm_heads(qkv + wq, ldqkv, n, all ? 1 : L->n_head_kv, all ? wk : L->hd_k, L->k_norm, L->eps);
     rc = kvr_rope_store(qkv, ldqkv, L->n_head, qkv + wq, ldqkv, L->n_head_kv, L->hd_k, qkv + wq + wk, ldqkv, wv, n,
-                        U->cs, U->ldcs, L->n_rot, L->neox, C->k, C->sk_c, C->v, C->sv_c, C->type_k, C->type_v,
-                        C->rot_k, C->rot_v, U->rows);
+                        U->cs, U->ldcs, L->n_rot, L->neox, L->q_scale, C->k, C->sk_c, C->v, C->sv_c, C->type_k,
+                        C->type_v, C->rot_k, C->rot_v, U->rows);
     if (rc) return rc;
     const uint8_t *k0 = (const uint8_t *)C->k + U->stream0 * C->sk_s * ek;
     const uint8_t *v0 = (const uint8_t *)C->v + U->stream0 * C->sv_s * ev;

@@ -1,14 +1,13 @@
 """Decoder layers for a small ubatch in one compiled call (decoder_cpu.c via cpu_lib): the llama
 family's and the Gemma family's (the options each member needs: kernels/decoder_cpu.c).
 
-Per layer: RMS norm and the Q/K/V matmul, (Gemma) RMS norm of each Q and K head, RoPE and the
-K/V store into the cache, attention per stream, output projection plus residual ((Gemma) normed
-first), normed gated feed-forward plus residual (SwiGLU; Gemma: GELU, its output normed). For
-llama these are the kernels qmatmul.py, rope_store_cpu.py and attention_cpu.py call one at a
-time, chained in C in the same order, so the bits are the same as calling them one by one from
-Python (the specification: kvtool/models/llama.py's op-by-op forward); Gemma's op-by-op forward
-(kvtool/models/gemma3.py) norms with torch and matches to rounding. At one token the Python
-calls between kernels cost milliseconds a token; this is one call for all layers.
+Per layer: RMS norm and the Q/K/V matmul, (Gemma) RMS norm of each Q and K head, RoPE ((Gemma)
+then Q scaled) and the K/V store into the cache, attention per stream, output projection plus
+residual ((Gemma) normed first), normed gated feed-forward plus residual (SwiGLU; Gemma: GELU,
+its output normed). These are the computations the op-by-op forwards (kvtool/models/llama.py,
+gemma3.py: the specification) make one kernel call or torch op at a time, chained in C in the
+same order with the same roundings, so the bits are the same. At one token the Python calls
+between kernels cost milliseconds a token; this is one call for all layers.
 
 `DecoderWeights` describes the layers' weights once (at load); `run` takes the per-layer caches
 and the ubatch's views (rows, rotation table and mask; one per kind of cache: Gemma's
@@ -40,7 +39,7 @@ class _Layer(ctypes.Structure):  # decoder_cpu.c's kvl_layer
         ("n_head", _i64), ("n_head_kv", _i64), ("hd_k", _i64), ("hd_v", _i64), ("n_rot", _i64),
         ("neox", ctypes.c_int), ("ub", ctypes.c_int),
         ("qkv_bias", _ptr), ("res_scale", ctypes.c_float), ("softcap", ctypes.c_float),
-        ("qk_norm_all", ctypes.c_int),
+        ("qk_norm_all", ctypes.c_int), ("q_scale", ctypes.c_float),
     ]  # fmt: skip
 
 
@@ -128,9 +127,13 @@ class DecoderWeights:
         scale: float,
         view: Sequence[int] | None = None,
         gelu: torch.Tensor | None = None,
+        q_scale: float = 1.0,
     ) -> None:
-        """`view[il]`: which of `run`'s ubatch views layer il attends with (all 0 by default);
-        `gelu`: the feed-forward is GELU-gated with this table (qmatmul.ffn_glu), else SwiGLU."""
+        """`scale`: the attention's scale of Q.K; `q_scale`: Q is multiplied by it after the RoPE
+        (Gemma: llama.cpp scales Qcur and attends with scale 1, an order that changes the bits of
+        a Q quantized for a quantized K). `view[il]`: which of `run`'s ubatch views layer il
+        attends with (all 0 by default); `gelu`: the feed-forward is GELU-gated with this table
+        (qmatmul.ffn_glu), else SwiGLU."""
         self._keep: list[torch.Tensor] = []
 
         def ptr(t: torch.Tensor | None) -> int | None:
@@ -151,7 +154,7 @@ class DecoderWeights:
                 *weights, *map(ptr, norms), eps, scale,
                 n_head[il], n_head_kv[il], head_dim_k, head_dim_v, n_rot, int(neox),
                 view[il] if view is not None else 0,
-                ptr(L.qkv_bias), L.res_scale, L.softcap, int(L.qk_norm_all),
+                ptr(L.qkv_bias), L.res_scale, L.softcap, int(L.qk_norm_all), q_scale,
             )  # fmt: skip
         self.view = list(view) if view is not None else [0] * len(layers)
         self.n_view = 1 + max(self.view, default=0)

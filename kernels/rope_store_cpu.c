@@ -47,15 +47,17 @@ KEEP_ROUNDING static void rope_row(float *x, int64_t n_head, int64_t hs, const f
 
 /* For each of the n ubatch rows r: q row (n_head heads of hd, `ldq` floats apart) and k row
  * (n_head_kv heads) rotated in place by cs[r] ([n_rot / 2] (cos, sin) pairs, rows `ldcs` floats
- * apart; cs NULL: no rotation), then, where rot_k > 0, both turned by llama.cpp's Hadamard
- * rotation of that size (kv_blocks.h's kvb_fwht), and the k row and the v row (width_v floats;
- * turned by a Hadamard rotation of rot_v where rot_v > 0, outside the caller's row) stored at
- * cache row rows[r] of k_cache / v_cache (rows `ld_kc` / `ld_vc` elements of each tensor apart,
- * K of `k_type`, V of `v_type`: kv_blocks.h's ids). Returns 0, or -1 for a bad call. */
+ * apart; cs NULL: no rotation), the q row times q_scale (1: not; Gemma's ggml_scale of Qcur after
+ * RoPE, before attention rotates and, over a quantized K, quantizes it), then, where rot_k > 0,
+ * both turned by llama.cpp's Hadamard rotation of that size (kv_blocks.h's kvb_fwht), and the k
+ * row and the v row (width_v floats; turned by a Hadamard rotation of rot_v where rot_v > 0,
+ * outside the caller's row) stored at cache row rows[r] of k_cache / v_cache (rows `ld_kc` /
+ * `ld_vc` elements of each tensor apart, K of `k_type`, V of `v_type`: kv_blocks.h's ids).
+ * Returns 0, or -1 for a bad call. */
 int kvr_rope_store(float *q, int64_t ldq, int64_t n_head, float *k, int64_t ldk, int64_t n_head_kv, int64_t hd,
                    const float *v, int64_t ldv, int64_t width_v, int64_t n, const float *cs, int64_t ldcs,
-                   int64_t n_rot, int neox, void *k_cache, int64_t ld_kc, void *v_cache, int64_t ld_vc, int k_type,
-                   int v_type, int64_t rot_k, int64_t rot_v, const int64_t *rows) {
+                   int64_t n_rot, int neox, float q_scale, void *k_cache, int64_t ld_kc, void *v_cache, int64_t ld_vc,
+                   int k_type, int v_type, int64_t rot_k, int64_t rot_v, const int64_t *rows) {
     if (!kv_valid(k_type) || !kv_valid(v_type) || n < 0 || n_rot < 0 || n_rot % 2 || n_rot > hd) return -1;
     if ((kv_quantized(k_type) && hd % KV_QK) || (kv_quantized(v_type) && width_v % KV_QK)) return -1;
     if ((rot_k && (rot_k & (rot_k - 1) || hd % rot_k)) || (rot_v && (rot_v & (rot_v - 1) || width_v % rot_v))) return -1;
@@ -69,6 +71,8 @@ int kvr_rope_store(float *q, int64_t ldq, int64_t n_head, float *k, int64_t ldk,
             rope_row(q + r * ldq, n_head, hd, cs + r * ldcs, n_rot, neox);
             rope_row(kr, n_head_kv, hd, cs + r * ldcs, n_rot, neox);
         }
+        if (q_scale != 1.0f)
+            for (int64_t j = 0; j < n_head * hd; j++) q[r * ldq + j] *= q_scale;
         if (rot_k) {
             kvb_fwht(q + r * ldq, n_head * hd, rot_k);
             kvb_fwht(kr, n_head_kv * hd, rot_k);

@@ -67,13 +67,15 @@ def rope_store(
     rot_k: int = 0,
     rot_v: int = 0,
     lib: ctypes.CDLL | None = None,
+    q_scale: float = 1.0,
 ) -> None:
     """q [n, n_head * head_dim] and k [n, n_head_kv * head_dim] rotated in place by cs ([n,
     n_rot / 2, 2] (cos, sin) per pair, float32, last two dims contiguous; None: not rotated),
     and where rot_k > 0 by the Hadamard rotation of that size; then k_cache[rows[i]] = k[i] and
     v_cache[rows[i]] = v[i] (V turned by the rotation of size rot_v > 0, v itself untouched) in
-    the caches' types (tk/tv: a quantized cache's). Needs `applies`; rows int64, distinct, within
-    the caches. `lib`: another build of the kernels."""
+    the caches' types (tk/tv: a quantized cache's). q is multiplied by q_scale after the RoPE and
+    before the Hadamard rotation (Gemma's ggml_scale of Qcur). Needs `applies`; rows int64,
+    distinct, within the caches. `lib`: another build of the kernels."""
     lib = lib or cpu_lib.lib()
     kt, vt = cache_type(k_cache, tk), cache_type(v_cache, tv)
     assert lib is not None and kt is not None and vt is not None
@@ -87,7 +89,7 @@ def rope_store(
         q.data_ptr(), q.stride(0), q.shape[1] // head_dim,
         k.data_ptr(), k.stride(0), k.shape[1] // head_dim, head_dim,
         v.data_ptr(), v.stride(0), v.shape[1], n,
-        None if cs is None else cs.data_ptr(), 0 if cs is None else cs.stride(0), n_rot, int(neox),
+        None if cs is None else cs.data_ptr(), 0 if cs is None else cs.stride(0), n_rot, int(neox), q_scale,
         k_cache.data_ptr(), k_cache.stride(0), v_cache.data_ptr(), v_cache.stride(0),
         C_IDS[kt.name], C_IDS[vt.name], rot_k, rot_v, rows.data_ptr(),
     )  # fmt: skip

@@ -62,6 +62,7 @@ def decoder_weights(
     scale: float,
     view: Sequence[int] | None = None,
     gelu: torch.Tensor | None = None,
+    q_scale: float = 1.0,
 ) -> DecoderWeights:
     """The compiled call's description of a model's layers, with the shapes `hp` gives."""
     return DecoderWeights(
@@ -76,6 +77,7 @@ def decoder_weights(
         scale=scale,
         view=view,
         gelu=gelu,
+        q_scale=q_scale,
     )
 
 

@@ -23,7 +23,7 @@ from kvtool.models.compiled import compiled_layers, decoder_weights, gate_up_pai
 from kvtool.models.hparams import SWAHParams, read_float
 from kvtool.models.inputs import ForwardInputs, forward_inputs
 from kvtool.models.kv_layers import KVLayers
-from kvtool.models.layers import attend, geglu, gelu_table, rms_norm
+from kvtool.models.layers import attend, geglu, gelu_table, rms_norm_ggml
 from kvtool.models.linear import Linear, LinearGroup
 from kvtool.models.llama import qkv
 from kvtool.models.rope import RopeParams, apply_rope
@@ -149,12 +149,12 @@ class Gemma3Model:
             L = self.layers[il]
             rope = self.rope(il)
             rot = rots[self.is_swa(il)]
-            h = rms_norm(x, L.attn_norm, hp.eps)
+            h = rms_norm_ggml(x, L.attn_norm, hp.eps)
             q, k, v = L.wqkv(h)
             q = q.reshape(n, hp.n_head, hp.head_dim_k)
             k = k.reshape(n, hp.n_head_kv[il], hp.head_dim_k)  # v stays rows [n, n_head_kv * hd_v]
             if L.q_norm is not None and L.k_norm is not None:
-                q, k = rms_norm(q, L.q_norm, hp.eps), rms_norm(k, L.k_norm, hp.eps)
+                q, k = rms_norm_ggml(q, L.q_norm, hp.eps), rms_norm_ggml(k, L.k_norm, hp.eps)
             q = apply_rope(q, rot, rope) * self.q_scale
             k = apply_rope(k, rot, rope)
             # queries are pre-scaled, as in llama.cpp
@@ -162,19 +162,19 @@ class Gemma3Model:
             if il == hp.n_layer - 1 and not ub.output.all():
                 out = torch.from_numpy(ub.output).to(x.device)  # only output rows need the rest
                 a, x = a[out], x[out]
-            x += rms_norm(a, L.attn_post_norm, hp.eps)  # x is this forward's own tensor
-            f = geglu(rms_norm(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
-            x += rms_norm(f, L.ffn_post_norm, hp.eps)
-        logits = self.output(rms_norm(x, self.output_norm, hp.eps))
+            x += rms_norm_ggml(a, L.attn_post_norm, hp.eps)  # x is this forward's own tensor
+            f = geglu(rms_norm_ggml(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
+            x += rms_norm_ggml(f, L.ffn_post_norm, hp.eps)
+        logits = self.output(rms_norm_ggml(x, self.output_norm, hp.eps))
         if self.final_logit_softcap:
             c = self.final_logit_softcap
             logits = torch.tanh(logits / c) * c
         return logits
 
     def _decoder_weights(self) -> DecoderWeights | None:
-        """The layers' description for the compiled decoder call (queries scaled inside the
-        attention, GELU by `gelu_table`), or None where a layer's weights are not all in the
-        compiled quantized kernel."""
+        """The layers' description for the compiled decoder call (queries scaled after the RoPE
+        as `compute` does, GELU by `gelu_table`), or None where a layer's weights are not all in
+        the compiled quantized kernel."""
         hp = self.hp
         parts = []
         for L in self.layers:
@@ -188,7 +188,14 @@ class Gemma3Model:
             layer.softcap = self.attn_softcap
             parts.append(layer)
         return decoder_weights(
-            parts, hp, n_rot=hp.n_rot, neox=True, scale=self.q_scale, view=self.kv.views(), gelu=gelu_table()
+            parts,
+            hp,
+            n_rot=hp.n_rot,
+            neox=True,
+            scale=1.0,
+            view=self.kv.views(),
+            gelu=gelu_table(),
+            q_scale=self.q_scale,
         )
 
 

@@ -48,8 +48,9 @@ def test_store_is_the_reference_quantizer(lib: ctypes.CDLL, t: KVType) -> None:
     ("tk", "tv"), [("q8_0", "q8_0"), ("q4_0", "f16"), ("f32", "iq4_nl"), ("q5_1", "q4_1")]
 )
 @pytest.mark.parametrize(("rot_k", "rot_v"), [(0, 0), (64, 64), (128, 64)])
+@pytest.mark.parametrize("q_scale", [1.0, 0.1020620726])  # Gemma's Q scale (1 / sqrt(96)) after RoPE
 def test_rope_rotation_and_store_have_op_by_op_bits(
-    lib: ctypes.CDLL, tk: str, tv: str, rot_k: int, rot_v: int
+    lib: ctypes.CDLL, tk: str, tv: str, rot_k: int, rot_v: int, q_scale: float
 ) -> None:
     tk_, tv_ = KV_TYPES[tk], KV_TYPES[tv]
     n, H, Hkv, hd = 5, 4, 2, 128
@@ -61,7 +62,7 @@ def test_rope_rotation_and_store_have_op_by_op_bits(
     cache_k = torch.zeros(16, tk_.width(Hkv * hd), dtype=tk_.dtype)
     cache_v = torch.zeros(16, tv_.width(Hkv * hd), dtype=tv_.dtype)
     rows = torch.tensor([15, 2, 7, 5, 9])
-    want_q = pair_formula(q.reshape(n, H, hd), rot, rope).reshape(n, -1)
+    want_q = pair_formula(q.reshape(n, H, hd), rot, rope).reshape(n, -1) * q_scale
     want_k = pair_formula(k.reshape(n, Hkv, hd), rot, rope).reshape(n, -1)
     want_v = v.clone()
     if rot_k:
@@ -74,7 +75,7 @@ def test_rope_rotation_and_store_have_op_by_op_bits(
     v0 = v.clone()
     assert rope_store_cpu.applies(q, k, v, cache_k, cache_v, tk_, tv_)
     rope_store_cpu.rope_store(
-        q, k, v, hd, rot.cs, hd, True, cache_k, cache_v, rows, tk_, tv_, rot_k, rot_v, lib
+        q, k, v, hd, rot.cs, hd, True, cache_k, cache_v, rows, tk_, tv_, rot_k, rot_v, lib, q_scale
     )
     assert torch.equal(q, want_q) and torch.equal(k, want_k) and torch.equal(v, v0)
     assert torch.equal(cache_k.view(torch.uint8), want_kc.view(torch.uint8))

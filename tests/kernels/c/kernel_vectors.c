@@ -159,11 +159,11 @@ static void rope_stores(void) {
                 }
             uint8_t kc[ROWS * NHKV * HD * 4] = {0}, vc[ROWS * NHKV * HD * 4] = {0};
             const int64_t rows[N] = {5, 0, 3};
-            /* a quantized cache with llama.cpp's Hadamard rotation in the neox cases */
+            /* a quantized cache with llama.cpp's Hadamard rotation in the neox cases, Q scaled (Gemma) there */
             const int64_t rot = kv_quantized(type) && neox ? 32 : 0;
             const int64_t ld = kv_quantized(type) ? kv_row_bytes(type, NHKV * HD) : NHKV * HD; /* elements */
             if (kvr_rope_store(q, NH * HD, NH, k, NHKV * HD, NHKV, HD, v, NHKV * HD, NHKV * HD, N, cs, HD, HD - 8, neox,
-                               kc, ld, vc, ld, type, type, rot, rot, rows) != 0)
+                               neox ? 0.17677669f : 1.0f, kc, ld, vc, ld, type, type, rot, rot, rows) != 0)
                 printf("bad rope_store\n");
             char name[64];
             snprintf(name, sizeof(name), "rope_q_%s_neox%d", KV_NAMES[type], neox);
