@@ -462,15 +462,17 @@ def attention(
     scale: float,
     tk: KVType | None = None,
     tv: KVType | None = None,
+    compiled: bool = True,
 ) -> torch.Tensor:
     """Attention per stream (see `attention_ref`; tk/tv: a quantized cache's types): Triton on
     CUDA tensors; on the CPU the compiled kernel for a few query rows per stream (decode), and
     for any number over a quantized cache (it reads the blocks), torch's SDPA by blocks of
-    query rows over the keys each block sees for more (prompts)."""
+    query rows over the keys each block sees for more (prompts). `compiled=False`: never the
+    compiled kernel (the backend's choice, kvtool/backend)."""
     dense = mask.mask if isinstance(mask, KQMask) else mask
     if use_triton(q, k, v, dense):
         return attention_triton(q, k, v, dense, scale, tk=tk, tv=tv)
-    if attention_cpu.applies(q, k, v, tk, tv):
+    if compiled and attention_cpu.applies(q, k, v, tk, tv):
         return attention_cpu.attention_cpu(q, k, v, dense, scale, tk, tv)
     if q.shape[1] > Q_BLOCK:
         return attention_blocks(q, k, v, mask, scale, tk, tv)

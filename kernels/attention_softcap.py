@@ -48,11 +48,13 @@ def attention_softcap(
     softcap: float,
     tk: KVType | None = None,
     tv: KVType | None = None,
+    compiled: bool = True,
 ) -> torch.Tensor:
     """`attention_softcap_ref` with the visibility a view gives (a prepared mask, or the cells
     the mask is built from on CUDA), by blocks of query rows over the keys each block sees.
-    A quantized K or V (`tk`, `tv`) is read as `attention.as_float` makes it."""
-    if attention_cpu.applies(q, k, v, tk, tv) and not isinstance(mask, Cells):
+    A quantized K or V (`tk`, `tv`) is read as `attention.as_float` makes it. The compiled CPU
+    kernel where it applies, unless `compiled=False` (the backend's choice, kvtool/backend)."""
+    if compiled and attention_cpu.applies(q, k, v, tk, tv) and not isinstance(mask, Cells):
         return attention_cpu.attention_cpu(q, k, v, mask.mask, scale, tk, tv, softcap)
     q_dtype = q.dtype
     q, k, v = as_float(q, k, v, tk, tv)

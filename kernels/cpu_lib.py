@@ -7,8 +7,8 @@ builds) builds every C file of this folder into one shared object in the user's 
 (`$XDG_CACHE_HOME/kvtool/kernels`), keyed by the sources, the compiler and the CPU's features
 (/proc/cpuinfo where there is one, else the compiler's own macros for the native target); a
 build is written to a temporary name and renamed, so concurrent processes are safe. A compiler
-that refuses the native flag gets a portable build; no compiler, a failed build or
-`KVTOOL_NATIVE=0` means `lib()` is None and callers keep their torch paths. Each of these says
+that refuses the native flag gets a portable build; no compiler or a failed build means `lib()`
+is None and torch computes every op (kvtool/backend chooses once per model). Each of these says
 so in one warning.
 """
 
@@ -179,8 +179,6 @@ _FALLBACK = "quantized matmuls run on torch's int4 kernel and attention on torch
 def lib() -> ctypes.CDLL | None:
     """The kernels built for this machine, or None where they cannot be (with a warning that
     says why and what runs instead)."""
-    if os.environ.get("KVTOOL_NATIVE", "1") == "0":
-        return None
     cc = _compiler()
     if cc is None:
         warnings.warn(f"no C compiler ($CC, cc, gcc, clang) for the CPU kernels: {_FALLBACK}", stacklevel=2)

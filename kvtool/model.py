@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from kvtool.backend import Backend
 from kvtool.batch import UBatch
 from kvtool.chat_template import ChatTemplate, select_chat_template
 from kvtool.device import resolve_device
@@ -30,16 +31,24 @@ class Model:
     """One set of weights; any number of `Context`s (conversations) can share it."""
 
     def __init__(
-        self, path: str | Path, weights: str = "auto", device: str | torch.device | None = None
+        self,
+        path: str | Path,
+        weights: str = "auto",
+        device: str | torch.device | None = None,
+        *,
+        compiled: bool = True,
     ) -> None:
         """`weights`: "auto" keeps quantized weights quantized for the CPU's quantized matmuls
         (see kvtool/models/linear.py) and is bf16 on CUDA; "f32" dequantizes everything to float32
         (the exact path); "f16"/"bf16" keep matrices dense in that type. `device`: "cpu"
-        (None) or "cuda": the weights are dequantized there once, at load."""
+        (None) or "cuda": the weights are dequantized there once, at load. `compiled=False`:
+        torch computes every op on the CPU, none of the compiled kernels (the reference they are
+        tested against). `backend` says which implementations compute (kvtool/backend)."""
         check_weights_mode(weights)
         self.device = resolve_device(device)
         weights = weights_for_device(weights, self.device)
         self.weights = weights
+        self.backend = Backend.choose(self.device, weights, compiled)
         self.path = Path(path)
         self.file = GGUFFile(path)
         arch = self.file.arch
@@ -50,7 +59,7 @@ class Model:
         self.vocab = Vocab.from_gguf(self.file)
         self.hparams = HParams.from_gguf(self.file, self.vocab.n_vocab)
         check_model(self.file, self.hparams, self.vocab.n_vocab)  # before any weight is read
-        tensors = ModelTensors(on_device(self.file, self.device), self.hparams, weights)
+        tensors = ModelTensors(on_device(self.file, self.device), self.hparams, self.backend)
         try:
             self.impl = ARCHITECTURES[arch](tensors)
         except KeyError as e:
@@ -64,7 +73,7 @@ class Model:
         self.use_chat_template(jinja=False)
         self.fingerprint = self.file.fingerprint()
         self.file.check_intact()
-        self._native = self.device.type == "cpu" and computes_natively(self.file, weights, QUANT_MAX_ROWS)
+        self._native = computes_natively(self.file, weights, QUANT_MAX_ROWS, self.backend.compiled)
 
     def use_chat_template(self, jinja: bool) -> None:
         """Chooses the chat template as llama.cpp does; jinja=True renders the GGUF's own (--jinja)."""

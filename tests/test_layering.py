@@ -61,6 +61,24 @@ def test_the_engine_does_not_import_the_common_layer() -> None:
     assert bad == []
 
 
+# The weights' loaders, which hold tensors in a kernel's format (GGUF blocks for the compiled
+# matmul, int4pack's planes) and know which formats the kernels read.
+WEIGHT_LOADERS = ("linear.py", "device_file.py", "hparams_check.py")
+
+
+def test_model_modules_import_no_kernel_module() -> None:
+    """The architectures and their building blocks name ops (`self.ops.attend`...): which kernel
+    computes an op is the backend's choice (kvtool/backend), made once at model load."""
+    bad = [
+        (p.name, name)
+        for p in sorted((ROOT / "kvtool" / "models").glob("*.py"))
+        if p.name not in WEIGHT_LOADERS
+        for name in imports(p)
+        if name.startswith("kvtool.kernels") or name.split(".")[0] == "kernels"
+    ]
+    assert bad == []
+
+
 def memory_attributes(path: Path) -> list[tuple[int, str]]:
     """(line, attribute) read off a context's memory (`x.memory.attr`, or `m.attr` where
     `m = x.memory`): what a command asks of the memory object."""

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class KVView:
     """What an attention layer computes with for one ubatch: its cache, where the ubatch's K/V rows
-    go, and what each query sees. The layer stores and attends (kvtool.models.layers.attend)."""
+    go, and what each query sees. The layer stores and attends (kvtool.backend.Backend.attend)."""
 
     k: torch.Tensor  # [n_stream, n_cells, n_head_kv, head_dim_k] the layer's whole K cache (a quantized
     # type: [..., bytes of a head's blocks], uint8)

@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvtool.batch import UBatch
-from kvtool.kernels.decoder_cpu import DecoderWeights, LayerWeights
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.spec import KVSpec
-from kvtool.models.compiled import compiled_layers, decoder_weights, gate_up_pair, native, native_group
 from kvtool.models.hparams import SWAHParams, read_float
 from kvtool.models.inputs import ForwardInputs, forward_inputs
 from kvtool.models.kv_layers import KVLayers
-from kvtool.models.layers import attend, geglu, gelu_table, rms_norm_ggml
+from kvtool.models.layers import DecoderLayer, geglu, gelu_table
 from kvtool.models.linear import Linear, LinearGroup
 from kvtool.models.llama import qkv
 from kvtool.models.rope import RopeParams, apply_rope
@@ -33,6 +32,9 @@ N_LAYER_27B = {
     "gemma2": 46,
     "gemma3": 62,
 }  # 27B scales queries by 1/sqrt(n_embd / n_head), not 1/sqrt(head_dim)
+
+if TYPE_CHECKING:  # the backend imports the models' building blocks
+    from kvtool.backend import Decoder
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ class Gemma3Model:
 
     def __init__(self, t: ModelTensors, variant: Variant = GEMMA3) -> None:
         f, hp, v = t.f, t.hp, variant
-        self.hp, self.v = hp, v
+        self.hp, self.v, self.ops = hp, v, t.backend
         a = f.arch + "."
         swa_base = v.swa_rope_base if v.swa_rope_base is not None else hp.rope_base
         self.swa = SWAHParams.from_gguf(f, hp.n_layer, v.swa_pattern, swa_base, v.n_swa)
@@ -117,7 +119,7 @@ class Gemma3Model:
         head = hp.n_embd // hp.n_head if hp.n_layer == N_LAYER_27B.get(f.arch) else hp.head_dim_k
         self.q_scale = 1.0 / math.sqrt(head)
         self.embd_scale = math.sqrt(hp.n_embd)
-        self.decoder = self._decoder_weights()
+        self.decoder = self._decoder()
 
     def is_swa(self, il: int) -> bool:
         return self.kv.is_swa(il)
@@ -145,50 +147,57 @@ class Gemma3Model:
         x = self.tok_embd(inp.token) * self.embd_scale  # [n, n_embd]
         rots = self.kv.rotations(inp)
         cs = [rots[swa].cs for swa in self.kv.kinds]
-        for il in range(compiled_layers(self.decoder, ub, mctx, x, cs), hp.n_layer):
+        for il in range(self.ops.decoder_layers(self.decoder, ub, mctx, x, cs), hp.n_layer):
             L = self.layers[il]
             rope = self.rope(il)
             rot = rots[self.is_swa(il)]
-            h = rms_norm_ggml(x, L.attn_norm, hp.eps)
+            h = self.ops.rms_norm_ggml(x, L.attn_norm, hp.eps)
             q, k, v = L.wqkv(h)
             q = q.reshape(n, hp.n_head, hp.head_dim_k)
             k = k.reshape(n, hp.n_head_kv[il], hp.head_dim_k)  # v stays rows [n, n_head_kv * hd_v]
             if L.q_norm is not None and L.k_norm is not None:
-                q, k = rms_norm_ggml(q, L.q_norm, hp.eps), rms_norm_ggml(k, L.k_norm, hp.eps)
+                q, k = (
+                    self.ops.rms_norm_ggml(q, L.q_norm, hp.eps),
+                    self.ops.rms_norm_ggml(k, L.k_norm, hp.eps),
+                )
             q = apply_rope(q, rot, rope) * self.q_scale
             k = apply_rope(k, rot, rope)
             # queries are pre-scaled, as in llama.cpp
-            a = L.wo(attend(mctx.layer_view(il), q, k, v, 1.0, softcap=self.attn_softcap))
+            a = L.wo(self.ops.attend(mctx.layer_view(il), q, k, v, 1.0, softcap=self.attn_softcap))
             if il == hp.n_layer - 1 and not ub.output.all():
                 out = torch.from_numpy(ub.output).to(x.device)  # only output rows need the rest
                 a, x = a[out], x[out]
-            x += rms_norm_ggml(a, L.attn_post_norm, hp.eps)  # x is this forward's own tensor
-            f = geglu(rms_norm_ggml(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
-            x += rms_norm_ggml(f, L.ffn_post_norm, hp.eps)
-        logits = self.output(rms_norm_ggml(x, self.output_norm, hp.eps))
+            x += self.ops.rms_norm_ggml(a, L.attn_post_norm, hp.eps)  # x is this forward's own tensor
+            f = geglu(self.ops.rms_norm_ggml(x, L.ffn_norm, hp.eps), L.ffn_gate_up, L.ffn_down)
+            x += self.ops.rms_norm_ggml(f, L.ffn_post_norm, hp.eps)
+        logits = self.output(self.ops.rms_norm_ggml(x, self.output_norm, hp.eps))
         if self.final_logit_softcap:
             c = self.final_logit_softcap
             logits = torch.tanh(logits / c) * c
         return logits
 
-    def _decoder_weights(self) -> DecoderWeights | None:
+    def _decoder(self) -> Decoder | None:
         """The layers' description for the compiled decoder call (queries scaled after the RoPE
-        as `compute` does, GELU by `gelu_table`), or None where a layer's weights are not all in
-        the compiled quantized kernel."""
+        as `compute` does, GELU by `gelu_table`; None: op by op)."""
         hp = self.hp
-        parts = []
-        for L in self.layers:
-            qkv, wo, down = native_group(L.wqkv), native(L.wo), native(L.ffn_down)
-            gu = gate_up_pair(L.ffn_gate_up)
-            if qkv is None or len(qkv) not in (1, 3) or wo is None or gu is None or down is None:
-                return None
-            wk, wv = (qkv[1], qkv[2]) if len(qkv) == 3 else (None, None)
-            layer = LayerWeights(qkv[0], wo, gu, down, L.attn_norm, L.ffn_norm, wk, wv, L.q_norm, L.k_norm)
-            layer.attn_post_norm, layer.ffn_post_norm = L.attn_post_norm, L.ffn_post_norm
-            layer.softcap = self.attn_softcap
-            parts.append(layer)
-        return decoder_weights(
-            parts,
+        layers = [
+            DecoderLayer(
+                L.wqkv,
+                L.wo,
+                L.ffn_gate_up,
+                L.ffn_down,
+                L.attn_norm,
+                L.ffn_norm,
+                L.q_norm,
+                L.k_norm,
+                L.attn_post_norm,
+                L.ffn_post_norm,
+                softcap=self.attn_softcap,
+            )
+            for L in self.layers
+        ]
+        return self.ops.decoder(
+            layers,
             hp,
             n_rot=hp.n_rot,
             neox=True,

@@ -20,7 +20,7 @@ from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.recurrent import RecurrentSpec
 from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import GraniteScales, SSMHParams, read_int
-from kvtool.models.layers import attend, rms_norm, swiglu
+from kvtool.models.layers import rms_norm, swiglu
 from kvtool.models.linear import Linear, LinearGroup, linear_normed
 from kvtool.models.llama import qkv
 from kvtool.models.mamba2 import Mamba2Layer, Mamba2Mixer
@@ -53,7 +53,7 @@ class GraniteHybridModel:
 
     def __init__(self, t: ModelTensors) -> None:
         f, hp = t.f, t.hp
-        self.hp = hp
+        self.hp, self.ops = hp, t.backend
         self.scales = GraniteScales.from_gguf(f)
         self.ssm = s = SSMHParams.from_gguf(f)
         s.check_mamba2(f)
@@ -61,7 +61,7 @@ class GraniteHybridModel:
             t.has(f"blk.{il}.ffn_gate_inp.weight") for il in range(hp.n_layer)
         ):
             raise ModelLoadError(f"{f.path.name}: granitehybrid mixture-of-experts layers are not supported")
-        self.mamba = Mamba2Mixer(s, hp.eps)
+        self.mamba = Mamba2Mixer(s, hp.eps, t.backend)
         E = t.n_embd
         self.tok_embd = t.embedding()  # [n_vocab, n_embd]
         self.output_norm = t.tensor("output_norm.weight", (E,))
@@ -126,7 +126,7 @@ class GraniteHybridModel:
         if self.rope is not None and rot is not None:
             q = apply_rope(q, rot, self.rope)
             k = apply_rope(k, rot, self.rope)
-        return A.wo(attend(mctx.layer_view(il), q, k, v, self.kq_scale))
+        return A.wo(self.ops.attend(mctx.layer_view(il), q, k, v, self.kq_scale))
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""

@@ -18,14 +18,13 @@ import torch
 
 from kvtool.batch import UBatch
 from kvtool.errors import ModelLoadError
-from kvtool.kernels.short_conv import short_conv
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.hybrid import HybridSpec
 from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
 from kvtool.memory.spec import KVSpec
 from kvtool.models.hparams import read_int
-from kvtool.models.layers import attend, rms_norm, swiglu
+from kvtool.models.layers import rms_norm, swiglu
 from kvtool.models.linear import Linear, LinearGroup, linear_normed
 from kvtool.models.llama import qkv
 from kvtool.models.mamba_layers import seq_blocks, store
@@ -84,7 +83,7 @@ class Lfm2Model:
 
     def __init__(self, t: ModelTensors) -> None:
         f, hp = t.f, t.hp
-        self.hp = hp
+        self.hp, self.ops = hp, t.backend
         self.l_cache = read_int(f, f"{f.arch}.shortconv.l_cache", lo=2)
         if read_int(f, f"{f.arch}.attention.sliding_window", 0) > 0:
             raise ModelLoadError(f"{f.path.name}: lfm2 with sliding-window attention is not supported")
@@ -118,7 +117,7 @@ class Lfm2Model:
 
     def _short_conv(self, L: ShortConv, h: torch.Tensor, ub: UBatch, view: RSView) -> torch.Tensor:
         b, c, x = seq_blocks(L.in_proj(h), ub).chunk(3, dim=-1)  # [n_seqs, T, n_embd] each
-        y, states = short_conv(view.conv, b * x, L.conv, None, view.n_states)
+        y, states = self.ops.short_conv(view.conv, b * x, L.conv, None, view.n_states)
         store(view, states, states.new_zeros(*states.shape[:2], 0))
         return L.out_proj((c * y).reshape(ub.n_tokens, -1))
 
@@ -137,7 +136,7 @@ class Lfm2Model:
         v = v.view(n, hp.n_head_kv[il], hp.head_dim_v)
         q = apply_rope(rms_norm(q, A.q_norm, hp.eps), rot, self.rope)
         k = apply_rope(rms_norm(k, A.k_norm, hp.eps), rot, self.rope)
-        return A.wo(attend(mctx.layer_view(il), q, k, v, self.kq_scale))
+        return A.wo(self.ops.attend(mctx.layer_view(il), q, k, v, self.kq_scale))
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""

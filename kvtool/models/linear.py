@@ -3,8 +3,9 @@
 `weights="f32"` dequantizes every tensor to float32 at load (the exact path the tiny-model
 oracle tests use). `weights="auto"` keeps quantized weights quantized and switches by the number
 of rows: up to QUANT_MAX_ROWS a quantized matmul reads 4-8 bits per weight (the compiled block
-matmul over the file's bytes, kernels/qmatmul.c, where it is built and has the format; else
-torch's int4pack kernel where the format maps onto it exactly). Above, the formats with
+matmul over the file's bytes, kernels/qmatmul.c, where the backend computes with the compiled
+kernels (`compiled`, kvtool/backend) and it has the format; else torch's int4pack kernel where
+the format maps onto it exactly). Above, the formats with
 qmatmul's panel kernel (every format with AVX-512 VNNI, all but Q8_0 with AVX2) stay in the
 compiled kernel; the others take a dense float32 GEMM on a copy dequantized on first such use
 (prompts, large batches). Other formats are dequantized to float32 at load. The compiled kernel
@@ -69,13 +70,14 @@ class DenseLinear:
         return F.linear(x.to(self.weight.dtype), self.weight, self.bias).float()
 
 
-def _quant_kernel(infos: Sequence[TensorInfo]) -> str | None:
+def _quant_kernel(infos: Sequence[TensorInfo], compiled: bool) -> str | None:
     """The kernel that computes these weights (one type, one width) stacked: "native" (the
-    compiled block matmul, kernels/qmatmul.c), "int4" (torch's int4pack) or None (keep dense)."""
+    compiled block matmul, kernels/qmatmul.c, where the backend has it: `compiled`), "int4"
+    (torch's int4pack) or None (keep dense)."""
     alike = len({int(i.qtype) for i in infos}) == 1 and len({i.shape[1] for i in infos}) == 1
     native = alike and len(infos) <= qmatmul.MAX_SEGS
     native = native and all(qmatmul.supported(i.qtype, i.shape) for i in infos)
-    if native and qmatmul.available():
+    if native and compiled and qmatmul.available():
         return "native"
     if all(packable(i.qtype, i.shape) for i in infos) and len({n_planes_of(i.qtype) for i in infos}) == 1:
         return "int4"
@@ -87,12 +89,14 @@ class QuantLinear:
     and V): the compiled block matmul over the file's bytes where it has the format, else
     torch's int4pack; the dense float32 copy is built on the first many-row call."""
 
-    def __init__(self, f: GGUFFile, names: Sequence[str], bias: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, f: GGUFFile, names: Sequence[str], bias: torch.Tensor | None = None, compiled: bool = True
+    ) -> None:
         self._file, self._names = f, list(names)
         infos = [f.tensor_info(n) for n in names]
         self.native: qmatmul.QWeight | None = None
         self.packed: Int4Packed | None = None
-        if _quant_kernel(infos) == "native":
+        if _quant_kernel(infos, compiled) == "native":
             raws = [f.tensor_bytes(n) for n in names]
             self.native = qmatmul.QWeight(raws, infos[0].qtype, [i.shape for i in infos])  # type: ignore[misc]
         else:
@@ -154,10 +158,11 @@ def glu_native(
     return qmatmul.ffn_glu(x, f.native, down.native, norm=norm, gelu=gelu)
 
 
-def computes_natively(f: GGUFFile, weights: str, n_rows: int) -> bool:
+def computes_natively(f: GGUFFile, weights: str, n_rows: int, compiled: bool) -> bool:
     """Whether a ubatch of `n_rows` rows has its matmuls in the compiled kernel (any of the
-    file's matrices in one of its formats), which then computes on threads of its own."""
-    if weights != "auto" or n_rows > QUANT_MAX_ROWS or not qmatmul.available():
+    file's matrices in one of its formats, the backend `compiled`), which then computes on
+    threads of its own."""
+    if weights != "auto" or n_rows > QUANT_MAX_ROWS or not compiled:
         return False
     infos = (f.tensor_info(n) for n in f.tensor_names())
     return any(len(i.shape) == 2 and qmatmul.supported(i.qtype, i.shape) for i in infos)
@@ -178,10 +183,13 @@ def _dense(f: GGUFFile, name: str, weights: str) -> torch.Tensor:
     return w.to(_DENSE_DTYPES[weights]) if weights in _DENSE_DTYPES else w
 
 
-def load_linear(f: GGUFFile, name: str, weights: str, bias: torch.Tensor | None = None) -> Linear:
-    """The linear layer for GGUF tensor `name` ([n_out, n_in] in numpy order)."""
-    if weights == "auto" and _quant_kernel([f.tensor_info(name)]) is not None:
-        return QuantLinear(f, [name], bias)
+def load_linear(
+    f: GGUFFile, name: str, weights: str, bias: torch.Tensor | None = None, compiled: bool = True
+) -> Linear:
+    """The linear layer for GGUF tensor `name` ([n_out, n_in] in numpy order); `compiled`: the
+    backend computes with the compiled CPU kernels (kvtool/backend)."""
+    if weights == "auto" and _quant_kernel([f.tensor_info(name)], compiled) is not None:
+        return QuantLinear(f, [name], bias, compiled)
     return DenseLinear(_dense(f, name, weights), bias)
 
 
@@ -198,13 +206,15 @@ class LinearGroup:
         weights: str,
         biases: Sequence[torch.Tensor | None],
         split: Sequence[int] | None = None,
+        compiled: bool = True,
     ) -> None:
-        """`split`: the output sizes when one weight holds several outputs (phi3's fused Q/K/V)."""
+        """`split`: the output sizes when one weight holds several outputs (phi3's fused Q/K/V);
+        `compiled`: as `load_linear`'s."""
         infos = [f.tensor_info(n) for n in names]
         rows = [i.shape[0] for i in infos]
         self.sizes = list(split) if split is not None else rows
-        kernel = _quant_kernel(infos) if weights == "auto" else None
-        if kernel == "int4" and all(_quant_kernel([i]) == "native" for i in infos):
+        kernel = _quant_kernel(infos, compiled) if weights == "auto" else None
+        if kernel == "int4" and all(_quant_kernel([i], compiled) == "native" for i in infos):
             # weights of several types (Gemma 3's Q5_0 Q and K with a Q8_0 V): one compiled call
             # each beats one int4pack matmul of all (Gemma 3 270M: 190 us a layer and token for
             # the stacked int4pack call), and many rows keep the panel kernel
@@ -218,9 +228,9 @@ class LinearGroup:
                 bias = torch.cat(
                     [b if b is not None else torch.zeros(n) for b, n in zip(biases, rows, strict=True)]
                 )
-            self.fused = QuantLinear(f, names, bias)
+            self.fused = QuantLinear(f, names, bias, compiled)
         else:
-            self.parts = [load_linear(f, n, weights, b) for n, b in zip(names, biases, strict=True)]
+            self.parts = [load_linear(f, n, weights, b, compiled) for n, b in zip(names, biases, strict=True)]
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         """[n, n_in] -> one [n, n_out_i] per weight, in the order of `names`."""
@@ -268,10 +278,10 @@ class Embedding:
         return dequantize(self._rows[ids], self._qtype, (int(ids.shape[0]), self._shape[1]))
 
 
-def output_linear(f: GGUFFile, weights: str, tok_embd: Embedding) -> Linear:
+def output_linear(f: GGUFFile, weights: str, tok_embd: Embedding, compiled: bool = True) -> Linear:
     """The output projection; tied to the token embedding when the file has no output.weight."""
     if f.has_tensor("output.weight"):
-        return load_linear(f, "output.weight", weights)
+        return load_linear(f, "output.weight", weights, compiled=compiled)
     if tok_embd.dense is not None:
         return DenseLinear(tok_embd.dense)
-    return load_linear(f, "token_embd.weight", weights)
+    return load_linear(f, "token_embd.weight", weights, compiled=compiled)

@@ -12,23 +12,25 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvtool.batch import UBatch
 from kvtool.errors import KvtoolError, ModelLoadError
-from kvtool.kernels.decoder_cpu import DecoderWeights, LayerWeights
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache_context import KVView
 from kvtool.memory.spec import KVSpec
-from kvtool.models.compiled import compiled_layers, decoder_weights, gate_up_pair, native, native_group_bias
 from kvtool.models.hparams import GraniteScales, SWAHParams, read_int
 from kvtool.models.inputs import ForwardInputs, forward_inputs
 from kvtool.models.kv_layers import KVLayers
-from kvtool.models.layers import rms_norm, rms_norm_ggml, rope_attend, swiglu, swiglu_normed
+from kvtool.models.layers import DecoderLayer, rms_norm, swiglu, swiglu_normed
 from kvtool.models.linear import Linear, LinearGroup, linear_normed
 from kvtool.models.rope import RopeParams, Rotation
 from kvtool.models.tensors import AttnDims, Dim, ModelTensors
+
+if TYPE_CHECKING:  # the backend imports the models' building blocks
+    from kvtool.backend import Decoder
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ class LlamaModel:
 
     def __init__(self, t: ModelTensors, variant: Variant = LLAMA) -> None:
         f, hp, v = t.f, t.hp, variant
-        self.hp, self.v = hp, v
+        self.hp, self.v, self.ops = hp, v, t.backend
         if read_int(f, f"{f.arch}.expert_count", 0, lo=0):
             raise ModelLoadError(f"{f.path.name}: {f.arch} mixture-of-experts layers are not supported")
         self.scales = GraniteScales.from_gguf(f) if v.scales else GraniteScales(0.0, 0.0, 0.0, 0.0)
@@ -133,7 +135,7 @@ class LlamaModel:
         rope_swa = RopeParams(n_rot=hp.n_rot, base=self.swa.rope_base, neox=v.neox) if self.swa else None
         self.kv = KVLayers(hp, self.swa, rope_global, rope_swa or rope_global)
         self.kq_scale = self.scales.attention or 1.0 / math.sqrt(hp.head_dim_k)
-        self.decoder = self._decoder_weights()
+        self.decoder = self._decoder()
 
     def is_swa(self, il: int) -> bool:
         return self.kv.is_swa(il)
@@ -162,7 +164,7 @@ class LlamaModel:
             x = x * sc.embedding
         rot = self.kv.rotations(inp)
         cs = [rot[swa].cs for swa in self.kv.kinds]
-        for il in range(compiled_layers(self.decoder, ub, mctx, x, cs), hp.n_layer):
+        for il in range(self.ops.decoder_layers(self.decoder, ub, mctx, x, cs), hp.n_layer):
             x = self._layer(il, x, rot[self.is_swa(il)], ub, mctx)
         logits = linear_normed(self.output, x, self.output_norm, hp.eps, rms_norm)
         return logits / sc.logit if sc.logit else logits
@@ -192,53 +194,52 @@ class LlamaModel:
             q, k, val = L.wqkv(x)
         if L.q_norm is not None and L.k_norm is not None:  # with the compiled call's bits
             heads = (hp.n_head, hp.n_head_kv[il]) if v.qk_norm == "head" else (1, 1)
-            q = rms_norm_ggml(q.reshape(n, heads[0], -1), L.q_norm, hp.eps).view(n, -1)
-            k = rms_norm_ggml(k.reshape(n, heads[1], -1), L.k_norm, hp.eps).view(n, -1)
-        a = L.wo(
-            rope_attend(mctx.layer_view(il), q, k, val, hp.head_dim_k, rot, self.rope(il), self.kq_scale)
-        )
+            q = self.ops.rms_norm_ggml(q.reshape(n, heads[0], -1), L.q_norm, hp.eps).view(n, -1)
+            k = self.ops.rms_norm_ggml(k.reshape(n, heads[1], -1), L.k_norm, hp.eps).view(n, -1)
+        view = mctx.layer_view(il)
+        a = L.wo(self.ops.rope_attend(view, q, k, val, hp.head_dim_k, rot, self.rope(il), self.kq_scale))
         if il == hp.n_layer - 1 and not ub.output.all():
             out = torch.from_numpy(ub.output).to(x.device)  # only output rows need the rest
             a, x = a[out], x[out]
-        x += _post(a, L.attn_post_norm, hp.eps, rs)
+        x += self._post(a, L.attn_post_norm, rs)
         if L.ffn_norm is not None:
             f = swiglu_normed(x, L.ffn_norm, hp.eps, L.ffn_gate_up, L.ffn_down)
         else:
             f = swiglu(x, L.ffn_gate_up, L.ffn_down)
-        x += _post(f, L.ffn_post_norm, hp.eps, rs)
+        x += self._post(f, L.ffn_post_norm, rs)
         return x
 
-    def _decoder_weights(self) -> DecoderWeights | None:
-        """The layers' description for the compiled decoder call, or None where a layer's weights
-        are not all in the compiled quantized kernel, or carry biases other than on Q/K/V."""
+    def _decoder(self) -> Decoder | None:
+        """The layers' description for the compiled decoder call (None: op by op)."""
         hp, v = self.hp, self.v
-        parts = []
-        for L in self.layers:
-            qkv_b, wo, down = native_group_bias(L.wqkv), native(L.wo), native(L.ffn_down)
-            gu = gate_up_pair(L.ffn_gate_up)
-            if qkv_b is None or len(qkv_b[0]) not in (1, 3) or wo is None or gu is None or down is None:
-                return None
-            qkv_w, bias = qkv_b
-            wk, wv = (qkv_w[1], qkv_w[2]) if len(qkv_w) == 3 else (None, None)
-            layer = LayerWeights(qkv_w[0], wo, gu, down, L.attn_norm, L.ffn_norm, wk, wv, L.q_norm, L.k_norm)
-            layer.attn_post_norm, layer.ffn_post_norm = L.attn_post_norm, L.ffn_post_norm
-            layer.qkv_bias, layer.qk_norm_all, layer.res_scale = (
-                bias,
-                v.qk_norm == "all",
-                self.scales.residual,
+        layers = [
+            DecoderLayer(
+                L.wqkv,
+                L.wo,
+                L.ffn_gate_up,
+                L.ffn_down,
+                L.attn_norm,
+                L.ffn_norm,
+                L.q_norm,
+                L.k_norm,
+                L.attn_post_norm,
+                L.ffn_post_norm,
+                qkv_bias=True,
+                qk_norm_all=v.qk_norm == "all",
+                res_scale=self.scales.residual,
             )
-            parts.append(layer)
-        return decoder_weights(
-            parts, hp, n_rot=hp.n_rot, neox=v.neox, scale=self.kq_scale, view=self.kv.views()
+            for L in self.layers
+        ]
+        return self.ops.decoder(
+            layers, hp, n_rot=hp.n_rot, neox=v.neox, scale=self.kq_scale, view=self.kv.views()
         )
 
-
-def _post(y: torch.Tensor, norm: torch.Tensor | None, eps: float, scale: float) -> torch.Tensor:
-    """A block's output as the residual adds it: normed (post norms, with the compiled call's
-    bits), scaled (granite)."""
-    if norm is not None:
-        y = rms_norm_ggml(y, norm, eps)
-    return y * scale if scale else y
+    def _post(self, y: torch.Tensor, norm: torch.Tensor | None, scale: float) -> torch.Tensor:
+        """A block's output as the residual adds it: normed (post norms, with the compiled call's
+        bits), scaled (granite)."""
+        if norm is not None:
+            y = self.ops.rms_norm_ggml(y, norm, self.hp.eps)
+        return y * scale if scale else y
 
 
 def family(variant: Variant) -> Callable[[ModelTensors], LlamaModel]:

@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from kvtool.batch import UBatch
-from kvtool.kernels.ssm_scan import ssm_scan
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
 from kvtool.models.hparams import SSMHParams
 from kvtool.models.layers import rms_norm
@@ -79,7 +78,7 @@ class MambaModel(RecurrentLM):
         if s.dt_b_c_rms or (L.dt_norm is not None and L.b_norm is not None and L.c_norm is not None):
             dt, B, C = (rms_norm(t, w, self.eps) for t, w in ((dt, L.dt_norm), (B, L.b_norm), (C, L.c_norm)))
         dt = linear_rows(L.ssm_dt, dt)  # [n_seqs, T, d_inner]
-        y, ssm_states = ssm_scan(view.ssm, x, dt, L.A, B, C, view.n_states)
+        y, ssm_states = self.ops.ssm_scan(view.ssm, x, dt, L.A, B, C, view.n_states)
         store(view, conv_states, ssm_states)
         y = (y + x * L.D) * F.silu(z)
         return L.ssm_out(y.reshape(ub.n_tokens, -1))

@@ -5,18 +5,21 @@ scalar decay per head, D skip, SiLU gate, RMS norm per group, out-projection).""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from kvtool.batch import UBatch
-from kvtool.kernels.ssd import ssd
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
 from kvtool.models.hparams import SSMHParams
 from kvtool.models.layers import rms_norm
 from kvtool.models.linear import Linear
 from kvtool.models.mamba_layers import RecurrentLM, seq_blocks, ssm_conv, store
 from kvtool.models.tensors import ModelTensors
+
+if TYPE_CHECKING:
+    from kvtool.backend import Backend
 
 
 @dataclass
@@ -58,6 +61,7 @@ class Mamba2Mixer:
 
     ssm: SSMHParams
     eps: float
+    ops: Backend
 
     @property
     def n_head(self) -> int:
@@ -87,7 +91,7 @@ class Mamba2Mixer:
         x = x.reshape(S, T, self.n_head, self.head_dim)
         B = B.reshape(S, T, s.n_group, s.d_state)
         C = C.reshape(S, T, s.n_group, s.d_state)
-        y, ssm_states = ssd(view.ssm, x, dt + L.dt_b, L.A, B, C, view.n_states)
+        y, ssm_states = self.ops.ssd(view.ssm, x, dt + L.dt_b, L.A, B, C, view.n_states)
         store(view, conv_states, ssm_states)
         y = (y + x * L.D[:, None]).reshape(S, T, s.d_inner) * F.silu(z)
         if L.norm is not None:  # RMS norm within each group of channels
@@ -103,7 +107,7 @@ class Mamba2Model(RecurrentLM):
         self.hp = hp = t.hp
         self.ssm = s = SSMHParams.from_gguf(t.f)
         s.check_mamba2(t.f)
-        self.mixer = Mamba2Mixer(s, hp.eps)
+        self.mixer = Mamba2Mixer(s, hp.eps, t.backend)
         self.layers = [Mamba2Layer.load(t, il, s) for il in range(hp.n_layer)]
 
     def memory_spec(self) -> RecurrentSpec:

@@ -47,7 +47,7 @@ class RecurrentLM(abc.ABC):
 
     def __init__(self, t: ModelTensors) -> None:
         self.n_layer = n_layer = t.hp.n_layer
-        self.eps = t.hp.eps
+        self.eps, self.ops = t.hp.eps, t.backend
         E = t.n_embd
         self.tok_embd = t.embedding()  # [n_vocab, n_embd]
         self.output_norm = t.tensor("output_norm.weight", (E,))

@@ -86,7 +86,7 @@ class RWKVModel(abc.ABC):
     """The RWKV block stack; subclasses give the time mix and the channel mix."""
 
     def __init__(self, t: ModelTensors) -> None:
-        self.hp = t.hp
+        self.hp, self.ops = t.hp, t.backend
         self.rwkv = RWKVHParams.from_gguf(t.f, t.hp.n_embd)
         self.common = RWKVCommon.load(t)
         self.rescale_every_n_layers = 0  # RWKV-6 sets it from the file; RWKV-7 has none

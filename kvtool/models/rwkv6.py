@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvtool.kernels.wkv6 import wkv6
 from kvtool.models.hparams import RWKVHParams, read_int
 from kvtool.models.linear import Linear, linear_rows
 from kvtool.models.rwkv import Carry, RWKVModel, head_group_norm
@@ -109,7 +108,7 @@ class RWKV6Model(RWKVModel):
         g = F.silu(linear_rows(L.wg, xg))
         # w = exp(-exp(d)): kept as its logarithm -exp(d), which the kernel exponentiates.
         w_log = -torch.exp(L.decay + F.linear(torch.tanh(F.linear(xw, L.decay_w1)), L.decay_w2))
-        out, states = wkv6(r, k, v, w_log.view(B, T, H, N), L.first, state, n_states)
+        out, states = self.ops.wkv6(r, k, v, w_log.view(B, T, H, N), L.first, state, n_states)
         out = head_group_norm(out.reshape(B, T, E), L.ln, L.ln_b, N) * g
         return linear_rows(L.wo, out), states
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvtool.kernels.wkv7 import wkv7
 from kvtool.models.hparams import read_int
 from kvtool.models.linear import Linear, linear_rows
 from kvtool.models.rwkv import Carry, RWKVModel, head_group_norm
@@ -138,7 +137,7 @@ class RWKV7Model(RWKVModel):
         ka = k * L.k_a
         k = k + (a * ka - ka)
         k4, a4 = k.view(B, T, H, N), a.view(B, T, H, N)
-        out, states = wkv7(
+        out, states = self.ops.wkv7(
             r.view(B, T, H, N), w_log.view(B, T, H, N), k4, v.view(B, T, H, N), -kk, kk * a4, state, n_states
         )
         out = out.reshape(B, T, E)

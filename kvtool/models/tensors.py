@@ -15,6 +15,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +23,9 @@ from kvtool.errors import ModelLoadError
 from kvtool.gguf_file import GGUFFile
 from kvtool.models.hparams import HParams, bad_key, per_layer
 from kvtool.models.linear import Embedding, Linear, LinearGroup, load_linear, output_linear
+
+if TYPE_CHECKING:  # kvtool.backend imports the models' building blocks
+    from kvtool.backend import Backend
 
 
 @dataclass(frozen=True)
@@ -95,11 +99,13 @@ def _strip(shape: Sequence[int]) -> tuple[int, ...]:
 
 class ModelTensors:
     """The tensors of one file as an architecture claims them: `tensor`, `linear`, `group`...
-    each check the tensor against its declared shape first. `weights` is the weights mode the
-    linear layers follow (kvtool/models/linear.py)."""
+    each check the tensor against its declared shape first. `backend` (kvtool/backend) is the
+    implementation of each op the model computes with, its weights mode the one the linear
+    layers follow (kvtool/models/linear.py)."""
 
-    def __init__(self, f: GGUFFile, hp: HParams, weights: str) -> None:
-        self.f, self.hp, self.weights = f, hp, weights
+    def __init__(self, f: GGUFFile, hp: HParams, backend: Backend) -> None:
+        self.f, self.hp, self.backend = f, hp, backend
+        self.weights = backend.weights
         self._claimed: set[str] = set()
 
     # -- sizes -----------------------------------------------------------------------------------
@@ -200,7 +206,7 @@ class ModelTensors:
         """The linear layer of weight `name` ([n_out, n_in]), with the optional bias `bias` [n_out]."""
         self.check(name, shape)
         b = self.optional(bias, shape[:1]) if bias is not None else None
-        return load_linear(self.f, name, self.weights, b)
+        return load_linear(self.f, name, self.weights, b, self.backend.compiled)
 
     def group(
         self,
@@ -218,7 +224,7 @@ class ModelTensors:
             self.optional(b, s[:1]) if b is not None else None for b, (_, s) in zip(bs, parts, strict=True)
         ]
         sizes = [int(d) for d in split] if split is not None else None
-        return LinearGroup(self.f, [n for n, _ in parts], self.weights, loaded, sizes)
+        return LinearGroup(self.f, [n for n, _ in parts], self.weights, loaded, sizes, self.backend.compiled)
 
     def embedding(self) -> Embedding:
         """The token embedding `token_embd.weight` [n_vocab, n_embd]."""
@@ -230,7 +236,7 @@ class ModelTensors:
         where the file has none and it is not `required`."""
         if required or self.has("output.weight"):
             self.check("output.weight", (self.n_vocab, self.n_embd))
-        return output_linear(self.f, self.weights, tok_embd)
+        return output_linear(self.f, self.weights, tok_embd, self.backend.compiled)
 
     def unclaimed(self) -> list[str]:
         """The file's tensors that nothing claimed."""

@@ -147,16 +147,16 @@ def test_public_api_names() -> None:
 @pytest.mark.parametrize("unified", [True, False])
 def test_attention_spans_cells_in_use_per_stream(tiny_llama, unified: bool, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """n_kv grows with the cells in use, not the cache size; split mode attends per stream."""
-    import kvtool.models.layers as layers
+    import kvtool.backend as backend
 
     seen = []
-    real = layers.attention
+    real = backend.attention
 
-    def spy(q, k, v, mask, scale, tk, tv):  # type: ignore[no-untyped-def]
+    def spy(q, k, v, mask, scale, tk, tv, compiled):  # type: ignore[no-untyped-def]
         seen.append((tuple(q.shape[:2]), tuple(k.shape[:2])))
-        return real(q, k, v, mask, scale, tk, tv)
+        return real(q, k, v, mask, scale, tk, tv, compiled=compiled)
 
-    monkeypatch.setattr(layers, "attention", spy)
+    monkeypatch.setattr(backend, "attention", spy)
     ctx = Context(tiny_llama, ContextParams(n_ctx=1024, n_seq_max=4, kv_unified=unified))
     b = Batch()
     for s in range(4):

@@ -2,7 +2,7 @@
 gemma2, on tiny quantized models (tests/helpers/tiny_archs.py). For qwen2's Q/K/V biases, phi3's
 fused weights and LongRoPE factors, granite's scales, qwen3's per-head Q/K norms and olmo2's norms
 over the whole projection and after each block (with sliding layers) the call chains the kernels
-the op-by-op forward calls, in its order (its norms too: layers.rms_norm_ggml), so the logits are
+the op-by-op forward calls, in its order (its norms too: Backend.rms_norm_ggml), so the logits are
 the same bits; gemma2's too (soft-capped scores, Q scaled after the RoPE in both paths)."""
 
 from __future__ import annotations

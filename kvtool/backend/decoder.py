@@ -1,5 +1,7 @@
-"""A model forward's bridge to the compiled decoder call (kernels/decoder_cpu.py): which
-weights it takes, and running a small ubatch's first layers through it."""
+"""The backend's bridge to the compiled decoder call (kernels/decoder_cpu.py): a model describes
+its layers in its own objects (kvtool/models/layers.py's `DecoderLayer`); this finds the weights
+the compiled kernel holds, builds the call's description once at load, and runs a small
+ubatch's first layers through it."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from kvtool.kernels.qmatmul import QWeight
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache_context import KVView
 from kvtool.models.hparams import HParams
+from kvtool.models.layers import DecoderLayer
 from kvtool.models.linear import QUANT_MAX_ROWS, Linear, LinearGroup, QuantLinear
 
 
@@ -53,8 +56,28 @@ def gate_up_pair(group: LinearGroup) -> QWeight | None:
     return native(group.fused)
 
 
+def _layer_weights(L: DecoderLayer) -> LayerWeights | None:
+    """L's weights for the compiled call, or None where one is not in the compiled quantized
+    kernel, or carries a bias the call does not take."""
+    if L.qkv_bias:
+        qkv_b = native_group_bias(L.wqkv)
+    else:
+        group = native_group(L.wqkv)
+        qkv_b = (group, None) if group is not None else None
+    wo, down, gu = native(L.wo), native(L.down), gate_up_pair(L.gate_up)
+    if qkv_b is None or len(qkv_b[0]) not in (1, 3) or wo is None or gu is None or down is None:
+        return None
+    qkv_w, bias = qkv_b
+    wk, wv = (qkv_w[1], qkv_w[2]) if len(qkv_w) == 3 else (None, None)
+    layer = LayerWeights(qkv_w[0], wo, gu, down, L.attn_norm, L.ffn_norm, wk, wv, L.q_norm, L.k_norm)
+    layer.attn_post_norm, layer.ffn_post_norm = L.attn_post_norm, L.ffn_post_norm
+    layer.qkv_bias, layer.qk_norm_all, layer.res_scale = bias, L.qk_norm_all, L.res_scale
+    layer.softcap = L.softcap
+    return layer
+
+
 def decoder_weights(
-    parts: Sequence[LayerWeights],
+    layers: Sequence[DecoderLayer],
     hp: HParams,
     *,
     n_rot: int,
@@ -63,10 +86,14 @@ def decoder_weights(
     view: Sequence[int] | None = None,
     gelu: torch.Tensor | None = None,
     q_scale: float = 1.0,
-) -> DecoderWeights:
-    """The compiled call's description of a model's layers, with the shapes `hp` gives."""
+) -> DecoderWeights | None:
+    """The compiled call's description of a model's layers, with the shapes `hp` gives; None
+    where a layer is not all in the compiled kernel."""
+    parts = [_layer_weights(L) for L in layers]
+    if any(p is None for p in parts):
+        return None
     return DecoderWeights(
-        parts,
+        [p for p in parts if p is not None],
         n_head=[hp.n_head] * hp.n_layer,
         n_head_kv=hp.n_head_kv,
         head_dim_k=hp.head_dim_k,
