@@ -40,7 +40,7 @@ _INT |= {"n_gen", "n_depth", "avg_ns", "stddev_ns"}
 _FLOAT = {"avg_ts", "stddev_ts"}
 _BOOL = {"kv_unified"}
 # Markdown column widths (negative: left-aligned) and names, as llama-bench prints them.
-_WIDTH = {"model": -30, "size": 10, "params": 10, "backend": -10, "n_threads": 7, "n_batch": 7}
+_WIDTH = {"model": -30, "size": 10, "params": 10, "backend": -18, "n_threads": 7, "n_batch": 7}
 _WIDTH |= {"n_ubatch": 8, "type_k": 6, "type_v": 6, "kv_unified": 10, "test": 15, "t/s": 20}
 _SHOWN = {"n_threads": "threads", "kv_unified": "kvu"}
 
@@ -61,7 +61,7 @@ def record(r: BenchResult, inst: Instance, m: kvtool.Model, kv_unified: bool) ->
         "build_number": 0,
         "cpu_info": cpu_info(),
         "gpu_info": "",
-        "backends": "CUDA" if m.device.type == "cuda" else "CPU",
+        "backends": m.backend.name,  # llama-bench's backend, with the CPU kernels' path: "CPU (AVX2)"
         "model_filename": str(m.path),
         "model_type": model_desc(m),
         "model_size": m.size_bytes(),

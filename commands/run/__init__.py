@@ -256,7 +256,8 @@ def run(
     bar = PromptBar(err) if not no_progress and err.is_terminal else None
     if verbose:
         err.print(
-            f"model: {m.name} ({m.arch}, {m.path}); chat template: {template_source(m)}; "
+            f"model: {m.name} ({m.arch}, {m.path}); backend: {m.backend.name}; "
+            f"chat template: {template_source(m)}; "
             f"n_ctx = {ctx.n_ctx}; seed = {keeper.session.sampler.seed}"
         )
         for line in kv_size_lines(ctx):

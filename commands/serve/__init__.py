@@ -323,7 +323,7 @@ def serve(
         bound = sock.getsockname()
         err.print(
             plain(
-                f"serve: {m.path.name}, {n_parallel} slots of {ctx.n_ctx_seq} tokens "
+                f"serve: {m.path.name} on {m.backend.name}, {n_parallel} slots of {ctx.n_ctx_seq} tokens "
                 f"({'unified' if context.kv_unified else 'split'} KV, {context.type_k}/{context.type_v}), "
                 f"model names: {', '.join(params.model_names)}"
             )

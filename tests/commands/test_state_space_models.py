@@ -3,6 +3,7 @@ the CLI: what applies works, what does not says so in one line."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ def test_every_verb_runs(arch: str, tmp_path: Path) -> None:
     m = str(MODELS / f"tiny-{arch}.gguf")
     out = ok("run", "-m", m, "-no-cnv", "-p", "hello", "-n", "4", "--temp", "0", "-v", "--rs-seq", "2")
     assert "bytes per sequence (--rs-seq 2)" in out
+    assert re.search(r"; backend: CPU \([^)]+\);", out)  # -v names what computes
     ok("bench", "-m", m, "-p", "8", "-n", "2", "-r", "1")
     for mode in ([], ["-kvu"]):
         ok("batched-bench", "-m", m, "-npp", "8", "-ntg", "2", "-npl", "1,2", *mode)

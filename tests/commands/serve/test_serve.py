@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -308,6 +309,7 @@ def test_a_signal_stops_the_server_cleanly_and_it_restarts(sig: int) -> None:
         t0 = time.monotonic()
         rc, err = first.stop(sig)
         assert rc == 0 and "serve: stopped" in err and "Traceback" not in err
+        assert re.search(r"^serve: \S+\.gguf on CPU \([^)]+\), 2 slots", err, re.M)  # the backend
         assert "serve: stopping: requests in flight get 5 s" in err
         # one line per request, as llama-server logs them (health checks left out)
         assert "serve: request: POST /completion HTTP/1.1 127.0.0.1:" in err and "/health" not in err
