@@ -28,7 +28,7 @@ import torch
 
 if TYPE_CHECKING:
     from kvtool.batch import UBatch
-    from kvtool.memory.base import MemoryContext
+    from kvtool.memory.base import LayerView, MemoryContext
     from kvtool.model import Model
     from kvtool.models.inputs import ForwardInputs
 
@@ -98,10 +98,10 @@ class _Views:
 
     def __init__(self, mctx: MemoryContext) -> None:
         self.mctx = mctx
-        self.views: dict[int, Any] = {}
+        self.views: dict[int, LayerView] = {}
         self.ubatch = mctx.ubatch
 
-    def layer_view(self, il: int) -> Any:
+    def layer_view(self, il: int) -> LayerView:
         v = self.views.get(il)
         if v is None:
             v = self.views[il] = self.mctx.layer_view(il)

@@ -124,9 +124,11 @@ def compiled_layers(
     n = decoder.n_layer if ub.output.all() else decoder.n_layer - 1
     views = [mctx.layer_view(il) for il in range(n)]
     first: dict[int, KVView] = {}
+    kvs: list[KVView] = []
     for il, v in enumerate(views):
         if not isinstance(v, KVView) or v.mask is None:
             return 0
+        kvs.append(v)
         f = first.setdefault(decoder.view[il], v)
         if v.rows is not f.rows or v.mask is not f.mask or v.streams != f.streams:
             return 0
@@ -137,5 +139,5 @@ def compiled_layers(
         v, c = first[u], cs[u]
         assert v.mask is not None and c is not None
         shared.append(UBatchView(v.rows, v.streams.start, c, v.mask.mask))
-    caches = [LayerCache(v.k, v.v, v.type_k, v.type_v, v.rot_k, v.rot_v) for v in views]
+    caches = [LayerCache(v.k, v.v, v.type_k, v.type_v, v.rot_k, v.rot_v) for v in kvs]
     return n if decoder.run(x, 0, caches, shared) else 0

@@ -16,7 +16,7 @@ import abc
 import enum
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from kvtool.checks import POS_END, as_int
 from kvtool.errors import KvtoolError
@@ -25,8 +25,13 @@ if TYPE_CHECKING:
     import torch
 
     from kvtool.batch import BatchAllocator, Split, UBatch
+    from kvtool.memory.kv_cache_context import KVView
+    from kvtool.memory.recurrent.view import RSView
     from kvtool.memory.sizes import MemoryBreakdown
     from kvtool.state.io import StateReader, StateWriter
+
+    # what a layer computes with: an attention layer's cache view, a recurrent layer's states
+    LayerView: TypeAlias = KVView | RSView
 
 Commit = Callable[[], None]
 
@@ -128,7 +133,7 @@ class MemoryContext(Protocol):
     def apply(self) -> bool: ...
     @property
     def ubatch(self) -> UBatch: ...
-    def layer_view(self, il: int) -> Any: ...
+    def layer_view(self, il: int) -> LayerView: ...
     def graph_inputs(self) -> GraphInputs | None: ...
     def rollback(self) -> None:
         """Undoes every `apply()` of this batch so far (a failed decode): the memory is as it
@@ -151,7 +156,7 @@ class UpdateContext:
     def ubatch(self) -> UBatch:
         raise RuntimeError("an update context has no ubatch")
 
-    def layer_view(self, il: int) -> Any:
+    def layer_view(self, il: int) -> LayerView:
         raise RuntimeError("an update context has no layer views")
 
     def graph_inputs(self) -> GraphInputs | None:

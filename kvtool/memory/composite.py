@@ -4,7 +4,7 @@ part, planned on all of them before any changes, so it is all or nothing."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvtool.errors import StateError
 from kvtool.memory.base import (
@@ -22,6 +22,7 @@ from kvtool.memory.sizes import MemoryBreakdown
 
 if TYPE_CHECKING:
     from kvtool.batch import BatchAllocator, UBatch
+    from kvtool.memory.base import LayerView
     from kvtool.state.io import StateReader, StateWriter
 
 
@@ -128,7 +129,7 @@ class CompositeContext:
     def apply(self) -> bool:
         return all([c.apply() for c in self.parts.values()])
 
-    def layer_view(self, il: int) -> Any:
+    def layer_view(self, il: int) -> LayerView:
         return self.parts[self.route[il]].layer_view(il)
 
     def rollback(self) -> None:

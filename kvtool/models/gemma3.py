@@ -19,6 +19,7 @@ import torch
 from kvtool.batch import UBatch
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.spec import KVSpec
+from kvtool.memory.views import kv_view
 from kvtool.models.hparams import SWAHParams, read_float
 from kvtool.models.inputs import ForwardInputs, forward_inputs
 from kvtool.models.kv_layers import KVLayers
@@ -163,7 +164,7 @@ class Gemma3Model:
             q = apply_rope(q, rot, rope) * self.q_scale
             k = apply_rope(k, rot, rope)
             # queries are pre-scaled, as in llama.cpp
-            a = L.wo(self.ops.attend(mctx.layer_view(il), q, k, v, 1.0, softcap=self.attn_softcap))
+            a = L.wo(self.ops.attend(kv_view(mctx, il), q, k, v, 1.0, softcap=self.attn_softcap))
             if il == hp.n_layer - 1 and not ub.output.all():
                 out = torch.from_numpy(ub.output).to(x.device)  # only output rows need the rest
                 a, x = a[out], x[out]

@@ -19,6 +19,7 @@ from kvtool.memory.hybrid import HybridSpec
 from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.recurrent import RecurrentSpec
 from kvtool.memory.spec import KVSpec
+from kvtool.memory.views import kv_view, rs_view
 from kvtool.models.hparams import GraniteScales, SSMHParams, read_int
 from kvtool.models.layers import rms_norm, swiglu
 from kvtool.models.linear import Linear, LinearGroup, linear_normed
@@ -126,7 +127,7 @@ class GraniteHybridModel:
         if self.rope is not None and rot is not None:
             q = apply_rope(q, rot, self.rope)
             k = apply_rope(k, rot, self.rope)
-        return A.wo(self.ops.attend(mctx.layer_view(il), q, k, v, self.kq_scale))
+        return A.wo(self.ops.attend(kv_view(mctx, il), q, k, v, self.kq_scale))
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
@@ -138,7 +139,7 @@ class GraniteHybridModel:
         for il, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, hp.eps)
             if isinstance(L.mixer, Mamba2Layer):
-                cur = self.mamba(L.mixer, h, ub, mctx.layer_view(il))
+                cur = self.mamba(L.mixer, h, ub, rs_view(mctx, il))
             else:
                 cur = self._attention(il, L.mixer, h, rot, mctx)
             if il == hp.n_layer - 1:  # only output rows need the rest

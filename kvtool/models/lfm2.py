@@ -23,6 +23,7 @@ from kvtool.memory.hybrid import HybridSpec
 from kvtool.memory.kv_cache import KVLayerSpec
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
 from kvtool.memory.spec import KVSpec
+from kvtool.memory.views import kv_view, rs_view
 from kvtool.models.hparams import read_int
 from kvtool.models.layers import rms_norm, swiglu
 from kvtool.models.linear import Linear, LinearGroup, linear_normed
@@ -136,7 +137,7 @@ class Lfm2Model:
         v = v.view(n, hp.n_head_kv[il], hp.head_dim_v)
         q = apply_rope(rms_norm(q, A.q_norm, hp.eps), rot, self.rope)
         k = apply_rope(rms_norm(k, A.k_norm, hp.eps), rot, self.rope)
-        return A.wo(self.ops.attend(mctx.layer_view(il), q, k, v, self.kq_scale))
+        return A.wo(self.ops.attend(kv_view(mctx, il), q, k, v, self.kq_scale))
 
     def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
@@ -146,7 +147,7 @@ class Lfm2Model:
         for il, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, hp.eps)
             if isinstance(L.mixer, ShortConv):
-                cur = self._short_conv(L.mixer, h, ub, mctx.layer_view(il))
+                cur = self._short_conv(L.mixer, h, ub, rs_view(mctx, il))
             else:
                 cur = self._attention(il, L.mixer, h, rot, mctx)
             if il == hp.n_layer - 1:  # only output rows need the rest

@@ -21,6 +21,7 @@ from kvtool.errors import KvtoolError, ModelLoadError
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache_context import KVView
 from kvtool.memory.spec import KVSpec
+from kvtool.memory.views import kv_view
 from kvtool.models.hparams import GraniteScales, SWAHParams, read_int
 from kvtool.models.inputs import ForwardInputs, forward_inputs
 from kvtool.models.kv_layers import KVLayers
@@ -196,7 +197,7 @@ class LlamaModel:
             heads = (hp.n_head, hp.n_head_kv[il]) if v.qk_norm == "head" else (1, 1)
             q = self.ops.rms_norm_ggml(q.reshape(n, heads[0], -1), L.q_norm, hp.eps).view(n, -1)
             k = self.ops.rms_norm_ggml(k.reshape(n, heads[1], -1), L.k_norm, hp.eps).view(n, -1)
-        view = mctx.layer_view(il)
+        view = kv_view(mctx, il)
         a = L.wo(self.ops.rope_attend(view, q, k, val, hp.head_dim_k, rot, self.rope(il), self.kq_scale))
         if il == hp.n_layer - 1 and not ub.output.all():
             out = torch.from_numpy(ub.output).to(x.device)  # only output rows need the rest

@@ -8,7 +8,9 @@ import abc
 import torch
 
 from kvtool.batch import UBatch
+from kvtool.memory.base import MemoryContext
 from kvtool.memory.recurrent import RSView
+from kvtool.memory.views import rs_view
 from kvtool.models.layers import rms_norm
 from kvtool.models.linear import linear_normed
 from kvtool.models.tensors import ModelTensors
@@ -58,11 +60,11 @@ class RecurrentLM(abc.ABC):
     def block(self, il: int, h: torch.Tensor, ub: UBatch, view: RSView) -> torch.Tensor:
         """Layer il's mixer on the normed rows h [n_tokens, n_embd]: what the residual adds."""
 
-    def forward(self, ub: UBatch, mctx) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    def forward(self, ub: UBatch, mctx: MemoryContext) -> torch.Tensor:
         """Logits [n_outputs, n_vocab] for the ubatch rows flagged as outputs, in row order."""
         x = self.tok_embd(torch.from_numpy(ub.token))  # [n_tokens, n_embd]
         for il in range(self.n_layer):
             h = rms_norm(x, self.attn_norm[il], self.eps)
-            x = x + self.block(il, h, ub, mctx.layer_view(il))
+            x = x + self.block(il, h, ub, rs_view(mctx, il))
         x = x[torch.from_numpy(ub.output).to(x.device)]
         return linear_normed(self.output, x, self.output_norm, self.eps, rms_norm)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from kvtool.batch import UBatch
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec
+from kvtool.memory.views import rs_view
 from kvtool.models.hparams import RWKVHParams
 from kvtool.models.linear import Embedding, Linear
 from kvtool.models.tensors import ModelTensors
@@ -117,7 +118,7 @@ class RWKVModel(abc.ABC):
         x = layer_norm(c.tok_embd(torch.from_numpy(ub.token)), c.tok_norm, c.tok_norm_b, eps)  # [n, n_embd]
         carry = Carry()
         for il in range(self.hp.n_layer):
-            view = mctx.layer_view(il)  # an RSView
+            view = rs_view(mctx, il)
             ns = view.n_states  # > 1: the memory keeps rollback snapshots of the trailing tokens
             x3 = x.view(n_seqs, n_st, -1)
             att = layer_norm(x3, *c.attn_norm[il], eps)
