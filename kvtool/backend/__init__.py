@@ -37,7 +37,7 @@ from kvtool.kernels.wkv7 import wkv7
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache_context import KVView
 from kvtool.models.hparams import HParams
-from kvtool.models.layers import DecoderLayer, rms_norm
+from kvtool.models.layers import DecoderLayer, DecoderOptions, rms_norm
 from kvtool.models.rope import RopeParams, Rotation, apply_rope
 
 # what a model holds of the compiled decoder call: built by `Backend.decoder`, run by `decoder_layers`
@@ -167,25 +167,12 @@ class Backend:
         return fwht(out, view.rot_v) if view.rot_v else out
 
     # -- the whole-decoder call -------------------------------------------------------------------
-    def decoder(
-        self,
-        layers: Sequence[DecoderLayer],
-        hp: HParams,
-        *,
-        n_rot: int,
-        neox: bool,
-        scale: float,
-        view: Sequence[int] | None = None,
-        gelu: torch.Tensor | None = None,
-        q_scale: float = 1.0,
-    ) -> Decoder | None:
+    def decoder(self, layers: Sequence[DecoderLayer], hp: HParams, opts: DecoderOptions) -> Decoder | None:
         """The compiled decoder call's description of a model's layers (built once, at load), or
         None where the backend has no compiled kernels or a layer's weights are not all in them."""
         if not self.compiled:
             return None
-        return decoder_weights(
-            layers, hp, n_rot=n_rot, neox=neox, scale=scale, view=view, gelu=gelu, q_scale=q_scale
-        )
+        return decoder_weights(layers, hp, opts)
 
     @staticmethod
     def decoder_layers(

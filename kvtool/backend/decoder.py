@@ -15,7 +15,7 @@ from kvtool.kernels.qmatmul import QWeight
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache_context import KVView
 from kvtool.models.hparams import HParams
-from kvtool.models.layers import DecoderLayer
+from kvtool.models.layers import DecoderLayer, DecoderOptions
 from kvtool.models.linear import QUANT_MAX_ROWS, Linear, LinearGroup, QuantLinear
 
 
@@ -56,36 +56,29 @@ def gate_up_pair(group: LinearGroup) -> QWeight | None:
     return native(group.fused)
 
 
-def _layer_weights(L: DecoderLayer) -> LayerWeights | None:
-    """L's weights for the compiled call, or None where one is not in the compiled quantized
-    kernel, or carries a bias the call does not take."""
-    if L.qkv_bias:
+def _layer_weights(layer: DecoderLayer) -> LayerWeights | None:
+    """The layer's weights for the compiled call, or None where one is not in the compiled
+    quantized kernel, or carries a bias the call does not take."""
+    L = layer.block
+    if layer.qkv_bias:
         qkv_b = native_group_bias(L.wqkv)
     else:
         group = native_group(L.wqkv)
         qkv_b = (group, None) if group is not None else None
-    wo, down, gu = native(L.wo), native(L.down), gate_up_pair(L.gate_up)
+    wo, down, gu = native(L.wo), native(L.ffn_down), gate_up_pair(L.ffn_gate_up)
     if qkv_b is None or len(qkv_b[0]) not in (1, 3) or wo is None or gu is None or down is None:
         return None
     qkv_w, bias = qkv_b
     wk, wv = (qkv_w[1], qkv_w[2]) if len(qkv_w) == 3 else (None, None)
-    layer = LayerWeights(qkv_w[0], wo, gu, down, L.attn_norm, L.ffn_norm, wk, wv, L.q_norm, L.k_norm)
-    layer.attn_post_norm, layer.ffn_post_norm = L.attn_post_norm, L.ffn_post_norm
-    layer.qkv_bias, layer.qk_norm_all, layer.res_scale = bias, L.qk_norm_all, L.res_scale
-    layer.softcap = L.softcap
-    return layer
+    out = LayerWeights(qkv_w[0], wo, gu, down, L.attn_norm, L.ffn_norm, wk, wv, L.q_norm, L.k_norm)
+    out.attn_post_norm, out.ffn_post_norm = L.attn_post_norm, L.ffn_post_norm
+    out.qkv_bias, out.qk_norm_all, out.res_scale = bias, layer.qk_norm_all, layer.res_scale
+    out.softcap = layer.softcap
+    return out
 
 
 def decoder_weights(
-    layers: Sequence[DecoderLayer],
-    hp: HParams,
-    *,
-    n_rot: int,
-    neox: bool,
-    scale: float,
-    view: Sequence[int] | None = None,
-    gelu: torch.Tensor | None = None,
-    q_scale: float = 1.0,
+    layers: Sequence[DecoderLayer], hp: HParams, opts: DecoderOptions
 ) -> DecoderWeights | None:
     """The compiled call's description of a model's layers, with the shapes `hp` gives; None
     where a layer is not all in the compiled kernel."""
@@ -98,13 +91,13 @@ def decoder_weights(
         n_head_kv=hp.n_head_kv,
         head_dim_k=hp.head_dim_k,
         head_dim_v=hp.head_dim_v,
-        n_rot=n_rot,
-        neox=neox,
+        n_rot=opts.n_rot,
+        neox=opts.neox,
         eps=hp.eps,
-        scale=scale,
-        view=view,
-        gelu=gelu,
-        q_scale=q_scale,
+        scale=opts.scale,
+        view=opts.view,
+        gelu=opts.gelu,
+        q_scale=opts.q_scale,
     )
 
 

@@ -23,7 +23,7 @@ from kvtool.memory.views import kv_view
 from kvtool.models.hparams import SWAHParams, read_float
 from kvtool.models.inputs import ForwardInputs, forward_inputs
 from kvtool.models.kv_layers import KVLayers
-from kvtool.models.layers import DecoderLayer, geglu, gelu_table
+from kvtool.models.layers import DecoderLayer, DecoderOptions, geglu, gelu_table
 from kvtool.models.linear import Linear, LinearGroup
 from kvtool.models.llama import qkv
 from kvtool.models.rope import RopeParams, apply_rope
@@ -180,33 +180,9 @@ class Gemma3Model:
     def _decoder(self) -> Decoder | None:
         """The layers' description for the compiled decoder call (queries scaled after the RoPE
         as `compute` does, GELU by `gelu_table`; None: op by op)."""
-        hp = self.hp
-        layers = [
-            DecoderLayer(
-                L.wqkv,
-                L.wo,
-                L.ffn_gate_up,
-                L.ffn_down,
-                L.attn_norm,
-                L.ffn_norm,
-                L.q_norm,
-                L.k_norm,
-                L.attn_post_norm,
-                L.ffn_post_norm,
-                softcap=self.attn_softcap,
-            )
-            for L in self.layers
-        ]
-        return self.ops.decoder(
-            layers,
-            hp,
-            n_rot=hp.n_rot,
-            neox=True,
-            scale=1.0,
-            view=self.kv.views(),
-            gelu=gelu_table(),
-            q_scale=self.q_scale,
-        )
+        layers = [DecoderLayer(L, softcap=self.attn_softcap) for L in self.layers]
+        opts = DecoderOptions(self.hp.n_rot, True, 1.0, self.kv.views(), gelu_table(), self.q_scale)
+        return self.ops.decoder(layers, self.hp, opts)
 
 
 ARCHITECTURES = {"gemma3": Gemma3Model}

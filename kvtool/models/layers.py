@@ -5,7 +5,9 @@ kvtool/backend)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -78,23 +80,54 @@ def geglu(x: torch.Tensor, gate_up: LinearGroup, down: Linear) -> torch.Tensor:
     return down(gelu_ggml(gate) * up)
 
 
-@dataclass
-class DecoderLayer:
-    """A decoder layer as a model holds it, for the compiled call (kernels/decoder_cpu.py's
-    `LayerWeights` says what each part is); `qkv_bias`: Q/K/V may carry biases (qwen2), else a
-    bias anywhere keeps the model op by op."""
+class DecoderBlock(Protocol):
+    """The parts of a decoder layer the compiled call takes, by the names the llama and Gemma
+    layers give them (kernels/decoder_cpu.py's `LayerWeights` says what each is)."""
 
-    wqkv: LinearGroup
-    wo: Linear
-    gate_up: LinearGroup
-    down: Linear
-    attn_norm: torch.Tensor | None
-    ffn_norm: torch.Tensor | None
-    q_norm: torch.Tensor | None = None
-    k_norm: torch.Tensor | None = None
-    attn_post_norm: torch.Tensor | None = None
-    ffn_post_norm: torch.Tensor | None = None
+    @property
+    def wqkv(self) -> LinearGroup: ...
+    @property
+    def wo(self) -> Linear: ...
+    @property
+    def ffn_gate_up(self) -> LinearGroup: ...
+    @property
+    def ffn_down(self) -> Linear: ...
+    @property
+    def attn_norm(self) -> torch.Tensor | None: ...
+    @property
+    def ffn_norm(self) -> torch.Tensor | None: ...
+    @property
+    def q_norm(self) -> torch.Tensor | None: ...
+    @property
+    def k_norm(self) -> torch.Tensor | None: ...
+    @property
+    def attn_post_norm(self) -> torch.Tensor | None: ...
+    @property
+    def ffn_post_norm(self) -> torch.Tensor | None: ...
+
+
+@dataclass(frozen=True)
+class DecoderLayer:
+    """A model's decoder layer for the compiled call, with its options: `qkv_bias`, Q/K/V may
+    carry biases (qwen2), else a bias anywhere keeps the model op by op; Q/K normed over the whole
+    projection (`qk_norm_all`, olmo2), a residual scale (granite), an attention soft-cap (Gemma 2)."""
+
+    block: DecoderBlock
     qkv_bias: bool = False
     qk_norm_all: bool = False
     res_scale: float = 0.0
     softcap: float = 0.0
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    """The compiled decoder call's shape beyond the layers: RoPE (`n_rot`, `neox`), the scale of
+    the scores, which view each layer attends with (None: one), ggml's GELU table (None: SwiGLU)
+    and Q's scale after the RoPE (Gemma's ggml_scale of Qcur)."""
+
+    n_rot: int
+    neox: bool
+    scale: float
+    view: Sequence[int] | None = None
+    gelu: torch.Tensor | None = None
+    q_scale: float = 1.0

@@ -25,7 +25,7 @@ from kvtool.memory.views import kv_view
 from kvtool.models.hparams import GraniteScales, SWAHParams, read_int
 from kvtool.models.inputs import ForwardInputs, forward_inputs
 from kvtool.models.kv_layers import KVLayers
-from kvtool.models.layers import DecoderLayer, rms_norm, swiglu, swiglu_normed
+from kvtool.models.layers import DecoderLayer, DecoderOptions, rms_norm, swiglu, swiglu_normed
 from kvtool.models.linear import Linear, LinearGroup, linear_normed
 from kvtool.models.rope import RopeParams, Rotation
 from kvtool.models.tensors import AttnDims, Dim, ModelTensors
@@ -212,28 +212,10 @@ class LlamaModel:
 
     def _decoder(self) -> Decoder | None:
         """The layers' description for the compiled decoder call (None: op by op)."""
-        hp, v = self.hp, self.v
-        layers = [
-            DecoderLayer(
-                L.wqkv,
-                L.wo,
-                L.ffn_gate_up,
-                L.ffn_down,
-                L.attn_norm,
-                L.ffn_norm,
-                L.q_norm,
-                L.k_norm,
-                L.attn_post_norm,
-                L.ffn_post_norm,
-                qkv_bias=True,
-                qk_norm_all=v.qk_norm == "all",
-                res_scale=self.scales.residual,
-            )
-            for L in self.layers
-        ]
-        return self.ops.decoder(
-            layers, hp, n_rot=hp.n_rot, neox=v.neox, scale=self.kq_scale, view=self.kv.views()
-        )
+        hp, v, res = self.hp, self.v, self.scales.residual
+        layers = [DecoderLayer(L, True, v.qk_norm == "all", res) for L in self.layers]
+        opts = DecoderOptions(hp.n_rot, v.neox, self.kq_scale, self.kv.views())
+        return self.ops.decoder(layers, hp, opts)
 
     def _post(self, y: torch.Tensor, norm: torch.Tensor | None, scale: float) -> torch.Tensor:
         """A block's output as the residual adds it: normed (post norms, with the compiled call's
