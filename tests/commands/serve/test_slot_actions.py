@@ -1,6 +1,7 @@
 """llama-server's slot actions on `kvtool serve` (--slot-save-path), through HTTP, for every
-memory kind (attention, sliding window, recurrent, hybrid): save, restore into the same slot,
-another one and after a restart, erase; checkpoints travel with the slot; bad requests and bad
+memory kind (attention and sliding window over split or unified KV, recurrent, both hybrids):
+save, restore into the same slot, another one (leaving the slot it came from as it was) and after
+a restart, erase; checkpoints travel with the slot; bad requests and bad
 files are 4xx answers that leave the slot as it was."""
 
 from __future__ import annotations
@@ -14,7 +15,16 @@ from tests.commands.serve.test_serve import post
 
 MODELS = MODEL.parent
 LONG = [1, *[(i * 7) % 200 + 3 for i in range(500)]]
-KINDS = ["tiny-llama", "tiny-gemma3", "tiny-mamba2", "tiny-granitehybrid"]
+# (model, extra flags): split and unified KV, a sliding window, a recurrent state, both hybrids
+KINDS = [
+    pytest.param("tiny-llama", (), id="llama"),
+    pytest.param("tiny-llama", ("-kvu",), id="llama-kvu"),
+    pytest.param("tiny-gemma3", (), id="gemma3"),
+    pytest.param("tiny-gemma3", ("-kvu",), id="gemma3-kvu"),
+    pytest.param("tiny-mamba2", (), id="mamba2"),
+    pytest.param("tiny-granitehybrid", (), id="granitehybrid"),
+    pytest.param("tiny-lfm2", (), id="lfm2"),
+]
 
 
 def complete(url: str, tokens: list[int], slot: int, **extra: object) -> dict:
@@ -30,9 +40,11 @@ def action(url: str, slot: int | str, what: str, filename: str | None = None) ->
     return status, r
 
 
-@pytest.mark.parametrize("name", KINDS)
-def test_save_restore_elsewhere_and_after_a_restart_then_erase(name: str, tmp_path: Path) -> None:
-    flags = ("-np", "2", "-c", "2048", "-ub", "8", "-cms", "64", "--slot-save-path", str(tmp_path))
+@pytest.mark.parametrize(("name", "extra"), KINDS)
+def test_save_restore_elsewhere_and_after_a_restart_then_erase(
+    name: str, extra: tuple[str, ...], tmp_path: Path
+) -> None:
+    flags = ("-np", "2", "-c", "2048", "-ub", "8", "-cms", "64", "--slot-save-path", str(tmp_path), *extra)
     model = MODELS / f"{name}.gguf"
     edited = [*LONG[:70], *range(200, 220)]
     with serving(*flags, model=model) as s:
@@ -48,6 +60,8 @@ def test_save_restore_elsewhere_and_after_a_restart_then_erase(name: str, tmp_pa
         again = complete(s.url, LONG, 1)
         assert again["tokens"] == first["tokens"]
         assert again["timings"]["cache_n"] >= len(LONG) - 4  # the slot, or its end-of-prompt checkpoint
+        kept = complete(s.url, LONG, 0)  # the restore left the slot it came from as it was
+        assert kept["tokens"] == first["tokens"] and kept["timings"]["cache_n"] >= len(LONG) - 4
         status, erased = action(s.url, 0, "erase")
         assert status == 200 and erased == {"id_slot": 0, "n_erased": len(LONG) + 3}
         t = complete(s.url, LONG, 0)["timings"]
