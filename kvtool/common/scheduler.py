@@ -168,11 +168,15 @@ class Scheduler:
         from_cp = False
         if req.cache_prompt and (n := self._from_checkpoint(slot, tokens, len(tokens) - 1, keep)) > keep:
             keep, tier, from_cp, slot.source, slot.n_source = n, "checkpoint", True, None, 0
+        # a cache's entry is an older state of some slot: one that shares no more with the
+        # prompt than this slot holds would end at the same checkpoint, after a load for nothing
+        n_slot = min(lcp, n_mem, len(tokens) - 1) if keep > 0 else 0
         for src in self.p.sources:
             if not (src.shared or req.cache_prompt):
                 continue
-            n = src.restore(ctx, slot, tokens, keep)
-            if n > keep:
+            floor = keep if src.shared else max(keep, n_slot)
+            n = src.restore(ctx, slot, tokens, floor)
+            if n > floor:
                 keep, tier = min(n, len(tokens) - 1), src.name
                 slot.source, slot.n_source = (src, n) if src.shared else (None, 0)
                 if not ctx.can_resume(slot.seq, keep):  # a cache's state goes on past the prompt

@@ -33,6 +33,29 @@ def test_a_dropped_prompt_comes_back_from_ram() -> None:
         assert m['kvtool:prompt_tokens_reused_total{source="ram"}'] == len(A) - 4
 
 
+def test_an_entry_sharing_no_more_than_the_slot_holds_is_not_loaded() -> None:
+    with serving(
+        "-np",
+        "1",
+        "-ub",
+        "8",
+        "-cms",
+        "64",
+        "--cache-ram",
+        "64",
+        "--metrics",
+        model=MODELS / "tiny-mamba2.gguf",
+    ) as s:
+        complete(s.url, A)
+        complete(s.url, B)
+        assert complete(s.url, A)["timings"]["cache_source"] == "ram"  # with A's checkpoints
+        # the slot holds A; so does its RAM entry: the edit resumes from the slot's checkpoint,
+        # loading the entry would end there too
+        t = complete(s.url, [*A[:150], 7, 8, 9])["timings"]
+        assert (t["cache_n"], t["cache_source"]) == (128, "checkpoint")
+        assert read_metrics(s.url)['kvtool:cache_events_total{event="hits",tier="ram"}'] == 1
+
+
 def test_cache_ram_0_keeps_nothing() -> None:
     with serving("-np", "1", "-ub", "8", "--cache-ram", "0", model=MODELS / "tiny-mamba2.gguf") as s:
         complete(s.url, A)
