@@ -277,3 +277,12 @@ def test_going_back_past_the_window_restarts_the_sequence(gemma: kvtool.Model) -
     fresh = Context(gemma, ContextParams(n_ctx=512, n_ubatch=8, kv_unified=True))
     fresh.decode(Batch.from_tokens(edited))
     torch.testing.assert_close(logits, fresh.logits_ith(-1), rtol=1e-4, atol=1e-4)
+
+
+def test_the_window_cache_cuts_back_as_far_as_its_cells_hold_the_window(gemma: kvtool.Model) -> None:
+    """docs/prompt-cache.md: a cell is reused only when a new token needs it, so a sequence keeps
+    its last pad256(n_swa + n_ubatch) = 256 positions and can go back 256 - n_swa + 1 = 249."""
+    ctx = Context(gemma, ContextParams(n_ctx=1024, n_ubatch=8))
+    ctx.decode(Batch.from_tokens([(i * 7) % 200 + 3 for i in range(600)]))
+    assert (ctx.memory.seq_pos_min(0), ctx.memory.seq_pos_max(0)) == (600 - 256, 599)
+    assert ctx.can_resume(0, 600 - 249) and not ctx.can_resume(0, 600 - 250)
