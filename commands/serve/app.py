@@ -5,6 +5,7 @@ the engine's thread and read their events; a client that goes away cancels its t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import kvtool
 from kvtool.commands.serve import api
@@ -199,6 +200,39 @@ class ApiKey:
         await _error(err)(scope, receive, send)
 
 
+class EndsQuietly:
+    """A forced stop (Ctrl-C again) cancels the requests in flight: each response ends where
+    it is (a stream's body closed after its last whole event, one not begun a 503), instead
+    of uvicorn logging the cancellation as a traceback."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = {"started": False, "done": False}
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                state["started"] = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                state["done"] = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except asyncio.CancelledError:
+            if scope["type"] != "http" or state["done"]:
+                return
+            with contextlib.suppress(Exception):  # the connection may be gone already
+                if not state["started"]:
+                    body = json.dumps(api.ApiError(503, "the server is stopping", "unavailable_error").body())
+                    headers = [(b"content-type", b"application/json")]
+                    await send({"type": "http.response.start", "status": 503, "headers": headers})
+                    await send({"type": "http.response.body", "body": body.encode(), "more_body": False})
+                else:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 def build_app(server: Server, routes: list[tuple[str, Handler, list[str]]]) -> ASGIApp:
     app = Starlette(routes=[_route(p, h, server, m) for p, h, m in routes])
 
@@ -210,4 +244,4 @@ def build_app(server: Server, routes: list[tuple[str, Handler, list[str]]]) -> A
 
     app.add_exception_handler(404, not_found)
     app.add_exception_handler(405, not_allowed)
-    return ApiKey(app, server.p.api_keys)
+    return EndsQuietly(ApiKey(app, server.p.api_keys))

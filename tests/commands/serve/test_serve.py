@@ -4,6 +4,7 @@ and a clean stop and restart."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
@@ -392,6 +393,28 @@ def test_a_stop_during_a_stream_closes_it_between_whole_events() -> None:
     assert events[-1]["stop"] is True and 0 < events[-1]["tokens_predicted"] < 4000
     _, err = s.proc.communicate(timeout=30)
     assert s.proc.returncode == 0 and "Traceback" not in err and "serve: stopped" in err
+
+
+def test_a_second_ctrl_c_during_a_stream_stops_at_once_without_a_traceback() -> None:
+    """Ctrl-C twice while an answer streams: the second ends it at once (the client's stream is
+    cut), and the server still exits 0 with its one line, not uvicorn's traceback of the
+    cancelled request."""
+    from tests.commands.serve.conftest import start
+
+    s = start("-np", "1", "-c", "4096")
+    conn = http.client.HTTPConnection(s.url.removeprefix("http://"), timeout=60)
+    body = {"prompt": "a", "n_predict": 4000, "ignore_eos": True, "stream": True}
+    conn.request("POST", "/completion", body=json.dumps(body))
+    r = conn.getresponse()
+    assert r.readline().startswith(b"data: ")
+    s.proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    s.proc.send_signal(signal.SIGINT)
+    with contextlib.suppress(http.client.HTTPException, OSError):
+        r.read()
+    _, err = s.proc.communicate(timeout=30)
+    assert s.proc.returncode == 0, err
+    assert "Traceback" not in err and "ERROR" not in err and err.rstrip().endswith("serve: stopped"), err
 
 
 GEMMA3 = MODEL.parent / "tiny-gemma3.gguf"  # heads of 32: every block type tiles them
