@@ -17,7 +17,7 @@ from kvtool.commands.common.sizes import kv_size_lines
 from kvtool.commands.run.banner import banner_lines, template_source
 from kvtool.commands.run.chat import ChatSession
 from kvtool.commands.run.keeper import Keeper, err
-from kvtool.commands.run.loop import COMMANDS, Display, chat, one_shot
+from kvtool.commands.run.loop import COMMANDS, Display, chat, one_shot, show_earlier
 from kvtool.commands.run.perf import Perf
 from kvtool.common.registry import DEFAULT_MODEL as DEFAULT
 from kvtool.common.store import ConversationStore
@@ -270,6 +270,8 @@ def run(
     rc = 0
     try:
         if prompt is not None and not conversation_mode:
+            if keeper.resumed is not None:
+                err.print(f"({keeper.resumed})", markup=False, style="dim")
             keeper.touch()  # saved by `finish`, whatever ends the reply
             rc = one_shot(keeper.session, prompt, n_predict, perf_marks, bar, show)
         else:
@@ -277,10 +279,16 @@ def run(
                 threads = kvtool.set_n_threads()
                 for line in banner_lines(ctx, threads, keeper.session.system, COMMANDS):
                     err.print(line, markup=False, highlight=False)
+            if keeper.resumed is not None:  # after the banner, where the user looks
+                err.print(f"({keeper.resumed})", markup=False, style="dim")
+                if sys.stdin.isatty():
+                    show_earlier(keeper.session.messages)
             rc = chat(keeper, n_predict, perf_marks, bar, show, first=prompt)
     finally:
         keeper.finish()
     common.signals.check()  # a reply that SIGTERM or SIGHUP stopped was kept: now the exit
+    if (where := keeper.kept_where()) is not None:  # Ctrl-D, /exit: one line says where it is
+        err.print(f"({where})", markup=False, style="dim")
     if keeper.failed is not None:  # said on stderr, with where the conversation went
         raise typer.Exit(2)
     if rc:

@@ -168,6 +168,39 @@ class ChatSession:
             raise gen.error
         return text, gen
 
+    def regen_refusal(self) -> str | None:
+        """Why the last reply cannot be generated again (llama-cli's /regen), or None."""
+        if not self.use_template:
+            return "/regen needs the chat template (--no-chat continues raw text)"
+        if len(self.messages) < 2 or self.messages[-1]["role"] != "assistant":
+            return "no reply to regenerate"
+        if self.shifted:  # the memory no longer holds a rendering of the conversation
+            return "a context shift dropped part of the conversation: /regen cannot go back"
+        return None
+
+    def regenerate(
+        self,
+        n_predict: int = -1,
+        on_text: Callable[[str], None] | None = None,
+        on_prompt: Callable[[int, int], None] | None = None,
+        on_tokens: Callable[[list[int], int], None] | None = None,
+    ) -> tuple[str, Generation]:
+        """llama-cli's /regen: the last reply is dropped and generated again for the same user
+        message (the memory keeps the conversation up to it). A turn as `respond`'s: an
+        exception before the new reply began puts the old one back."""
+        why = self.regen_refusal()
+        if why is not None:
+            raise kvtool.KvtoolError(why)
+        last = self.messages[-2:]
+        n_messages = len(self.messages) - 2
+        del self.messages[-2:]
+        try:
+            return self.respond(last[0]["content"], n_predict, on_text, on_prompt, on_tokens)
+        except BaseException:
+            if len(self.messages) == n_messages:  # no new reply began: the old one stays
+                self.messages.extend(last)
+            raise
+
     def _turn_tokens(self, user_text: str) -> list[int]:
         """The user's turn added: the prompt's tokens, the memory shifted to fit if it must."""
         if self.use_template:

@@ -37,6 +37,12 @@ def _note(text: str) -> None:
     say(f"({text})", style="yellow")
 
 
+def _count(messages: list[dict[str, str]]) -> str:
+    """A conversation's size as a user counts it: its turns (a user message and its reply)."""
+    n = sum(m["role"] == "user" for m in messages)
+    return f"{n} turn{'s' if n != 1 else ''}"
+
+
 def _absolute(name: str) -> Path:
     """A file name the user typed, relative to where kvtool runs; symlinks are left to the
     writer and reader (resolving one that loops would raise)."""
@@ -66,20 +72,21 @@ class Keeper:
         self._rescued: dict[str, Path] = {}  # what could not be saved -> where it went
         self._said: dict[str, str] = {}  # the last error line about each
         self._dirty: set[str] = set()  # conversations (store names; "" for the session) not yet kept
+        self.resumed: str | None = None  # what was resumed, as `run` says it after its banner
         if self.pool is not None:
             self.session = self.pool.open(name)
             if self.session.messages or self.session.cached:
-                say(f"(conversation '{name}': {self._summary()})", style="dim")
+                self.resumed = f"conversation '{name}' of the store: {self._summary()}"
             return
         self.session = new_session(0)
         if session_file is not None:
             self.version = files.FileVersion(session_file)  # before reading: a save since is seen
             if session_file.exists():
                 self.session.load_state(session_file)
-                say(f"(resumed {session_file}: {self._summary()})", style="dim")
+                self.resumed = f"resumed {session_file}: {self._summary()}"
 
     def _summary(self) -> str:
-        return f"{len(self.session.messages)} messages, {len(self.session.cached)} tokens"
+        return f"{_count(self.session.messages)}, {len(self.session.cached)} tokens"
 
     # -- what the user asks for -----------------------------------------------------------------
     def save(self, name: str) -> str:
@@ -117,6 +124,20 @@ class Keeper:
         self.session.load_state(path)  # all checked first: a failed load changes nothing
         self.changed()
         return f"loaded {path}: {self._summary()}"
+
+    def kept_where(self) -> str | None:
+        """Where the conversation is kept, as the chat says it when it ends normally (Ctrl-D,
+        /exit): None when there is no such place or nothing was ever written there."""
+        if self.failed is not None:
+            return None  # its error line said where it went
+        if self.pool is not None:
+            if not self.session.messages:
+                return None
+            n = _count(self.session.messages)
+            return f"conversation '{self.name}' kept in the store {self.pool.store.path}: {n}"
+        if self.file is None or not self.file.exists():
+            return None
+        return f"saved to {self.file}: {_count(self.session.messages)}; --session {self.file} resumes it"
 
     def listing(self) -> str:
         if self.pool is None:

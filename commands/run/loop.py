@@ -7,11 +7,15 @@ import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+
+import typer
 
 import kvtool
 from kvtool.commands.common import signals
 from kvtool.commands.common.generate import Generation
 from kvtool.commands.common.progress import PromptBar
+from kvtool.commands.common.text import read_text
 from kvtool.commands.run.chat import ChatSession
 from kvtool.commands.run.keeper import Keeper, err
 from kvtool.commands.run.perf import Perf
@@ -99,13 +103,15 @@ def _tokens_hook(session: ChatSession, on: bool):  # type: ignore[no-untyped-def
     return lambda tokens, kept: verbose_prompt(session.ctx.model, tokens, kept)
 
 
-# a chat command: a slash and a word ("/usr/bin ..." is a message)
-_COMMAND = re.compile(r"/[A-Za-z]+(\s|$)")
+# a chat command: a slash and a word, or `/?` as ollama's help ("/usr/bin ..." is a message)
+_COMMAND = re.compile(r"/([A-Za-z]+|\?)(\s|$)")
 
 # the chat's commands, as /help lists them
 COMMANDS = {
-    "/help": "this list",
+    "/help": "this list (also /?)",
+    "/regen": "generate the last reply again",
     "/clear": "forget the conversation (the system message stays)",
+    "/read FILE": "add a text file to the next message",
     "/save NAME": "keep the conversation: a file NAME, or with --store a conversation NAME",
     "/load NAME": "resume a conversation saved with /save",
     "/list": "the conversations of the --store",
@@ -114,14 +120,26 @@ COMMANDS = {
 }
 
 
-def _command(keeper: Keeper, text: str, perf: Perf) -> bool:
-    """Runs a chat command; False when it asks to quit. Unknown ones are an error, not a turn."""
+def _command(keeper: Keeper, text: str, perf: Perf, files: list[str]) -> bool:
+    """Runs a chat command; False when it asks to quit. Unknown ones are an error, not a turn.
+    `/read` adds to `files`, the text the next message begins with."""
     cmd, _, arg = text.partition(" ")
     arg = arg.strip()
     session = keeper.session
     if cmd in ("/exit", "/quit"):
         return False
-    if cmd == "/help":
+    if cmd == "/read":
+        try:
+            if not arg:
+                raise kvtool.KvtoolError("/read needs a file name")
+            content = read_text(Path(arg).expanduser(), "/read")
+        except (kvtool.KvtoolError, typer.BadParameter) as e:  # the chat goes on
+            err.print(f"error: {e}", markup=False, style="red")
+            return True
+        files.append(f"--- File: {arg} ---\n{content}")  # as llama-cli adds it
+        err.print(f"(loaded text from '{arg}': it goes with the next message)", markup=False, style="dim")
+        return True
+    if cmd in ("/help", "/?"):
         for name, what in COMMANDS.items():
             err.print(f"  {name:<11} {what}", markup=False)
     elif cmd == "/clear":
@@ -144,6 +162,26 @@ def _command(keeper: Keeper, text: str, perf: Perf) -> bool:
     else:
         err.print(f"error: unknown command {cmd} (/help lists them)", style="red")
     return True
+
+
+# how many of a resumed conversation's turns the terminal shows again
+N_SHOWN = 10
+
+
+def show_earlier(messages: list[dict[str, str]]) -> None:
+    """A resumed conversation's last turns, on stdout as the chat showed them (`> ` and the
+    message, then the reply), so the user sees where it stands; a note says how many are left
+    out."""
+    turns: list[tuple[str, str]] = []
+    for m in messages:
+        if m["role"] == "user":
+            turns.append((m["content"], ""))
+        elif m["role"] == "assistant" and turns and not turns[-1][1]:
+            turns[-1] = (turns[-1][0], m["content"])
+    if len(turns) > N_SHOWN:
+        err.print(f"({len(turns) - N_SHOWN} earlier turns not shown)", style="dim")
+    for user, reply in turns[-N_SHOWN:]:
+        _write(f"\n> {user}\n{reply}\n")
 
 
 def _turns(first: str | None, show: Display) -> Iterator[str]:
@@ -169,23 +207,31 @@ def chat(
         perf.text_arrived()
         _write(text)
 
+    files: list[str] = []  # what /read added, for the next message
     try:
         for line in _turns(first, show):
             text = line.strip()
             if not text:
                 continue
-            if _COMMAND.match(text):
-                if not _command(keeper, text, perf):
+            regen = text == "/regen"
+            if regen and (why := keeper.session.regen_refusal()) is not None:
+                err.print(f"error: {why}", markup=False, style="red")
+                continue
+            if _COMMAND.match(text) and not regen:
+                if not _command(keeper, text, perf, files):
                     break
                 continue
             session = keeper.session
             n0, t0 = session.timings.n_gen, session.timings.t_gen
             perf.turn_started()
             keeper.touch()
+            hook = _tokens_hook(session, show.verbose_prompt)
             try:
-                _, gen = session.respond(
-                    text, n_predict, write, bar, on_tokens=_tokens_hook(session, show.verbose_prompt)
-                )
+                if regen:
+                    _, gen = session.regenerate(n_predict, write, bar, on_tokens=hook)
+                else:  # the files go with this message, whatever becomes of it (llama-cli's)
+                    message, files[:] = "".join([*files, text]), []
+                    _, gen = session.respond(message, n_predict, write, bar, on_tokens=hook)
             except kvtool.ContextFullError as e:
                 refused += 1
                 err.print(f"error: {e}; the turn was not answered: /clear starts over, {_MORE}", style="red")

@@ -67,7 +67,7 @@ def test_store_names_list_and_print_as_they_are(
     assert "saved as '[bold]co\\py'" in r.err
     assert "\n[bold]co\\py (2), [/x]\\* (2)\n" in r.err  # the /list line: each turn is saved as it ends
     r = kvtool_cli(monkeypatch, capsys, *args, "--conversation-name", "[bold]co\\py", stdin="/list\n")
-    assert r.code == 0 and "(conversation '[bold]co\\py': 2 messages" in r.err, r.err
+    assert r.code == 0 and "(conversation '[bold]co\\py' of the store: 1 turn" in r.err, r.err
     r = kvtool_cli(monkeypatch, capsys, "state", "list", "--store", str(store))
     assert r.code == 0, r.err
     assert "│ [/x]\\ " in r.out and "│ [bold]co\\py " in r.out and "chats.db" in r.out

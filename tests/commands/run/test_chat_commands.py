@@ -57,7 +57,7 @@ def test_save_writes_where_it_runs_and_says_where(tiny_llama_path: Path, tmp_pat
     assert path.exists()
     assert f"saved to {path}" in r.stderr
     again = chat(tiny_llama_path, "/load mine.kvs\n", cwd=tmp_path)
-    assert "2 messages" in again.stderr
+    assert "1 turn, " in again.stderr
 
 
 def test_a_model_without_chat_template_gets_the_no_chat_hint(tiny_llama_path: Path) -> None:
@@ -77,3 +77,46 @@ def test_one_shot_timings_on_stderr(tiny_llama_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert re.search(r"eval time = +[0-9.]+ ms / +5 runs", r.stderr)
     assert "load time" in r.stderr and "first token" in r.stderr and "load time" not in r.stdout
+
+
+def test_question_mark_is_help_not_a_message(tiny_llama_path: Path) -> None:
+    """`/?` is ollama's help: the list, and nothing goes to the model."""
+    r = chat(tiny_llama_path, "/?\n/stats\n")
+    assert r.returncode == 0, r.stderr
+    for name in COMMANDS:
+        assert f"  {name} " in r.stderr
+    assert re.search(r"prompt eval time = +[0-9.]+ ms / +0 tokens", r.stderr)
+
+
+def _saved_messages(path: Path) -> list[dict[str, str]]:
+    import kvtool
+    from kvtool.commands.run.chat import chat_section
+
+    return chat_section(kvtool.inspect_state(path))["messages"]
+
+
+def test_regen_generates_the_last_reply_again(tiny_llama_path: Path, tmp_path: Path) -> None:
+    """llama-cli's /regen: the last reply is replaced, not added (greedy: the same text)."""
+    r = chat(tiny_llama_path, "/regen\nthe cat\n/regen\n/save s.kvs\n", "--ignore-eos", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "error: no reply to regenerate" in r.stderr
+    assert r.stderr.count("3 tokens, ") == 2  # two replies were generated
+    msgs = _saved_messages(tmp_path / "s.kvs")
+    assert [m["role"] for m in msgs] == ["user", "assistant"] and msgs[0]["content"] == "the cat"
+    once = chat(tiny_llama_path, "the cat\n/save once.kvs\n", "--ignore-eos", cwd=tmp_path)
+    assert _saved_messages(tmp_path / "once.kvs") == msgs, once.stderr
+
+
+def test_read_adds_a_file_to_the_next_message(tiny_llama_path: Path, tmp_path: Path) -> None:
+    """llama-cli's /read FILE: `--- File: FILE ---` and its text begin the next message; a file
+    that cannot be read is one error line and the chat goes on."""
+    (tmp_path / "notes.txt").write_text("the sky is green\n")
+    stdin = "/read missing.txt\n/read notes.txt\nwhat colour?\n/save s.kvs\n"
+    r = chat(tiny_llama_path, stdin, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "error: cannot read missing.txt" in r.stderr
+    assert "(loaded text from 'notes.txt': it goes with the next message)" in r.stderr
+    msgs = _saved_messages(tmp_path / "s.kvs")
+    assert [m["content"] for m in msgs if m["role"] == "user"] == [
+        "--- File: notes.txt ---\nthe sky is green\nwhat colour?"
+    ]
