@@ -1,8 +1,10 @@
 """Signals at random moments of a chat, for longer than the CI run (tests/fuzz/test_signal_fuzz.py).
 
-    .venv/bin/python -m benchmarks.fuzz_signals --minutes 10 [--seed 0]
+    .venv/bin/python -m benchmarks.fuzz_signals --minutes 10 [--seed 0] [--model smollm2]
 
-Each case starts `kvtool run` on the tiny model with a session file or a store (half of them
+Each case starts `kvtool run` on the tiny model (or --model: a real one, whose saves of tens of
+MB last long enough for SIGINT, SIGTERM and SIGHUP to land in them) with a session file or a
+store (half of them
 holding an earlier conversation), feeds it three turns and sends SIGINT, SIGTERM, SIGHUP or
 SIGKILL at a random moment, aimed in turn at the load (a delay after the start, at most
 --max-delay), a prompt's decode, a reply's generation and a turn's save (a short random delay
@@ -32,13 +34,14 @@ JITTER = {"prompt": 0.05, "generation": 0.3, "save": 0.002}  # seconds after the
 def main() -> int:
     ap = fuzz_parser(__doc__, seed=0)
     ap.add_argument("--max-delay", type=float, default=3.0, help="seconds after the start, at most (load)")
+    ap.add_argument("--model", help="-m of kvtool run: a known name or a GGUF (default: a tiny random llama)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     tally: collections.Counter[tuple[str, str]] = collections.Counter()
     failures: list[str] = []
     end = time.monotonic() + 60 * args.minutes
     with tempfile.TemporaryDirectory() as tmp:
-        model = write_tiny_llama(Path(tmp) / "tiny.gguf")
+        model = write_tiny_llama(Path(tmp) / "tiny.gguf") if args.model is None else Path(args.model)
         n = 0
         while time.monotonic() < end:
             aim = AIMS[n % len(AIMS)]

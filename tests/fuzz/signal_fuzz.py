@@ -34,7 +34,7 @@ AIMS = ("load", "prompt", "generation", "save")
 # the second turn is long, so that its prompt takes a while to decode
 TURNS = ["tell me a story about a cat", "and then?" + " the cat sat on the mat." * 20, "how does it end"]
 DONE = "tokens, "  # the line after each reply, printed once the turn is saved
-READY = "no chat template"  # the tiny model's note, printed once the model and session are loaded
+READY = "; chat template: "  # -v's line, printed once the model and the session are loaded
 
 
 @dataclass(frozen=True)
@@ -140,10 +140,13 @@ def _phase(run: _Run, t_sig: float) -> str:
             return "prompt"
         done = dones[k] if k < len(dones) else None
         end = text.find(b"\n> ", first)
-        last = stamps[end - 1] if end > 0 else stamps[-1]
+        end = end if end > 0 else len(text)
+        while end > first and text[end - 1 : end] == b"\n" and stamps[end - 1] > t_sig:
+            end -= 1  # the line the chat ends with once a signal stopped it: not the reply's
+        last = stamps[end - 1]
         if done is None or t_sig < done:
             return "generation" if t_sig <= last else "save"
-        start = end if end > 0 else len(text)
+        start = end
     return "ended"
 
 
@@ -219,7 +222,7 @@ def run_case(model: Path, folder: Path, case: Case, old_messages: list[dict[str,
     where = folder / ("chats.db" if case.store else "chat.kvs")
     keep = ["--store", str(where)] if case.store else ["--session", str(where)]
     cmd = [sys.executable, "-m", "kvtool.commands", "run", "-m", str(model), *keep]
-    cmd += ["-n", "200", "--ignore-eos", "-c", "8192", "--temp", "0"]
+    cmd += ["-n", "200", "--ignore-eos", "-c", "8192", "--temp", "0", "-v"]
     env = {**os.environ, "XDG_STATE_HOME": str(folder / "state")}
     run = _Run(cmd, env)
     assert run.p.stdin is not None
