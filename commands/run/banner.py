@@ -39,6 +39,6 @@ def banner_lines(
     if system:
         lines.append("using custom system prompt")
     lines += ["", "available commands:"]
-    lines += [f"  {name:<11} {what}" for name, what in commands.items()]
+    lines += [f"  {name:<13} {what}" for name, what in commands.items()]
     lines += ["  \\ at the end of a line goes on on the next one; Ctrl-C stops a reply", ""]
     return lines

@@ -7,7 +7,6 @@ import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import typer
 
@@ -15,7 +14,7 @@ import kvtool
 from kvtool.commands.common import signals
 from kvtool.commands.common.generate import Generation
 from kvtool.commands.common.progress import PromptBar
-from kvtool.commands.common.text import read_text
+from kvtool.commands.run import reading
 from kvtool.commands.run.chat import ChatSession
 from kvtool.commands.run.keeper import Keeper, err
 from kvtool.commands.run.perf import Perf
@@ -112,12 +111,36 @@ COMMANDS = {
     "/regen": "generate the last reply again",
     "/clear": "forget the conversation (the system message stays)",
     "/read FILE": "add a text file to the next message",
+    "/glob PATTERN": "add the text files that match (** for any folders) to the next message",
     "/save NAME": "keep the conversation: a file NAME, or with --store a conversation NAME",
     "/load NAME": "resume a conversation saved with /save",
     "/list": "the conversations of the --store",
     "/stats": "timings so far: load, prompt eval, eval, total, first token",
     "/exit": "quit (also /quit, Ctrl-D)",
 }
+
+
+def _read(cmd: str, arg: str, files: list[str]) -> None:
+    """/read FILE and /glob PATTERN: each file's text joins `files`; a file that cannot be
+    read is one error line (the others are kept), and the chat goes on."""
+    if not arg:
+        err.print(f"error: {cmd} needs a {'file name' if cmd == '/read' else 'pattern'}", style="red")
+        return
+    names = [arg]
+    if cmd == "/glob":
+        paths, more = reading.globbed(arg)
+        names = [str(p) for p in paths]
+        if more:
+            err.print(f"error: /glob adds at most {reading.MAX_GLOBBED} files", markup=False, style="red")
+        if not names:
+            err.print(f"(no file matches {arg})", markup=False, style="dim")
+    for name in names:
+        try:
+            files.append(reading.file_text(name))
+        except typer.BadParameter as e:
+            err.print(f"error: {e}", markup=False, style="red")
+            continue
+        err.print(f"(loaded text from '{name}': it goes with the next message)", markup=False, style="dim")
 
 
 def _command(keeper: Keeper, text: str, perf: Perf, files: list[str]) -> bool:
@@ -128,20 +151,12 @@ def _command(keeper: Keeper, text: str, perf: Perf, files: list[str]) -> bool:
     session = keeper.session
     if cmd in ("/exit", "/quit"):
         return False
-    if cmd == "/read":
-        try:
-            if not arg:
-                raise kvtool.KvtoolError("/read needs a file name")
-            content = read_text(Path(arg).expanduser(), "/read")
-        except (kvtool.KvtoolError, typer.BadParameter) as e:  # the chat goes on
-            err.print(f"error: {e}", markup=False, style="red")
-            return True
-        files.append(f"--- File: {arg} ---\n{content}")  # as llama-cli adds it
-        err.print(f"(loaded text from '{arg}': it goes with the next message)", markup=False, style="dim")
+    if cmd in ("/read", "/glob"):
+        _read(cmd, arg, files)
         return True
     if cmd in ("/help", "/?"):
         for name, what in COMMANDS.items():
-            err.print(f"  {name:<11} {what}", markup=False)
+            err.print(f"  {name:<13} {what}", markup=False)
     elif cmd == "/clear":
         session.clear()
         err.print("(conversation cleared)", style="dim")

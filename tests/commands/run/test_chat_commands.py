@@ -120,3 +120,32 @@ def test_read_adds_a_file_to_the_next_message(tiny_llama_path: Path, tmp_path: P
     assert [m["content"] for m in msgs if m["role"] == "user"] == [
         "--- File: notes.txt ---\nthe sky is green\nwhat colour?"
     ]
+
+
+def test_glob_adds_the_files_that_match_as_llama_cli(tiny_llama_path: Path, tmp_path: Path) -> None:
+    """llama-cli's /glob: `*` within a folder, `**` across folders, under the current folder or
+    the one the pattern starts with; each file as /read adds it, in a sorted walk."""
+    (tmp_path / "docs" / "deep").mkdir(parents=True)
+    (tmp_path / "docs" / "a.txt").write_text("A\n")
+    (tmp_path / "docs" / "deep" / "b.txt").write_text("B\n")
+    (tmp_path / "docs" / "c.md").write_text("C\n")
+    stdin = "/glob docs/*.txt\n/glob nothing*.zip\nfirst\n/glob docs/**.txt\nsecond\n/save s.kvs\n"
+    r = chat(tiny_llama_path, stdin, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "(no file matches nothing*.zip)" in r.stderr
+    users = [m["content"] for m in _saved_messages(tmp_path / "s.kvs") if m["role"] == "user"]
+    a, b = (
+        f"--- File: {tmp_path.resolve() / 'docs' / n} ---\n{n[-5].upper()}\n" for n in ("a.txt", "deep/b.txt")
+    )
+    assert users == [f"{a}first", f"{a}{b}second"]
+
+
+def test_glob_match_is_llama_cpps() -> None:
+    from kvtool.commands.run.reading import glob_match
+
+    assert glob_match("*.txt", "a.txt") and not glob_match("*.txt", "d/a.txt")
+    assert glob_match("**.txt", "d/e/a.txt") and glob_match("**/a.txt", "d/a.txt")
+    assert glob_match("a?c", "abc") and not glob_match("a?c", "a/c")
+    assert glob_match("[a-c]x", "bx") and not glob_match("[!a-c]x", "bx") and glob_match("[]]", "]")
+    assert glob_match("[-a]", "-") and not glob_match("[ab", "a") and glob_match("[ab", "[ab")
+    assert glob_match("*" * 40 + "b", "a" * 60 + "b")  # memoized: no exponential search

@@ -19,9 +19,9 @@ def terminal_chat(model: Path, cwd: Path, *typed: bytes) -> tuple[int, str]:
         args = ["-m", "kvtool.commands", "run", "-m", str(model), "-c", "512", "-n", "3", "--temp", "0"]
         os.execv(sys.executable, [sys.executable, *args, "--session", "chat.kvs"])
     out = b""
-    for keys in typed:
+    for keys in typed:  # at the prompt itself: readline may drop what was typed before it
         seen = out.count(b"\n> ")
-        while out.count(b"\n> ") == seen:
+        while out.count(b"\n> ") == seen or not out.endswith(b"\n> "):
             out += os.read(fd, 4096)
         os.write(fd, keys)
     try:
