@@ -3,8 +3,6 @@ tiny models: the GGUF's own template by default, llama.cpp's spellings, ollama's
 
 from __future__ import annotations
 
-import os
-import pty
 import re
 import subprocess
 import sys
@@ -13,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import kvtool_cli
+from tests.helpers.terminal import at_terminal
 from tests.helpers.tiny_gguf import TinyLlama, write_tiny_llama
 
 # SmolLM2's template, shape for shape: a chatml family template that adds its own system prompt
@@ -135,22 +134,8 @@ def test_gpu_layers_without_a_gpu_warn_and_compute_on_the_cpu(
 
 def test_a_terminal_chat_starts_with_the_banner_and_ctrl_d_ends_the_line(tiny_llama_path: Path) -> None:
     """llama-cli's banner (model, context, KV cache) on a terminal; Ctrl-D leaves on a new line."""
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: kvtool at a terminal
-        args = [sys.executable, "-m", "kvtool.commands", "run", "-m", str(tiny_llama_path), "-c", "512"]
-        os.execv(sys.executable, args)
-    out = b""
-    while b"> " not in out:
-        out += os.read(fd, 4096)
-    os.write(fd, b"\x04")  # Ctrl-D at the prompt
-    try:
-        while chunk := os.read(fd, 4096):
-            out += chunk
-    except OSError:  # the terminal closes with the child
-        pass
-    _, status = os.waitpid(pid, 0)
-    text = out.decode("utf-8", "replace").replace("\r\n", "\n")
-    assert os.waitstatus_to_exitcode(status) == 0, text
+    rc, text = at_terminal(["run", "-m", str(tiny_llama_path), "-c", "512"], b"\x04")  # Ctrl-D at the prompt
+    assert rc == 0, text
     assert "model      : tiny-llama (llama " in text and "n_ctx = 512" in text
     assert "KV cache   : K f16, V f16, one stream per sequence" in text and "/exit" in text
     assert text.endswith("> \n"), repr(text[-40:])  # the shell's prompt starts on its own line

@@ -3,35 +3,16 @@ where the conversation was saved, and a resumed one shows its earlier turns afte
 
 from __future__ import annotations
 
-import os
-import pty
 import re
-import sys
 from pathlib import Path
+
+from tests.helpers.terminal import at_terminal
 
 
 def terminal_chat(model: Path, cwd: Path, *typed: bytes) -> tuple[int, str]:
-    """kvtool run at a terminal in `cwd`; each of `typed` is written at a fresh `> ` prompt.
-    Returns the exit status and everything the terminal showed (stdout and stderr)."""
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: kvtool at a terminal
-        os.chdir(cwd)
-        args = ["-m", "kvtool.commands", "run", "-m", str(model), "-c", "512", "-n", "3", "--temp", "0"]
-        os.execv(sys.executable, [sys.executable, *args, "--session", "chat.kvs"])
-    out = b""
-    for keys in typed:  # at the prompt itself: readline may drop what was typed before it
-        seen = out.count(b"\n> ")
-        while out.count(b"\n> ") == seen or not out.endswith(b"\n> "):
-            out += os.read(fd, 4096)
-        os.write(fd, keys)
-    try:
-        while chunk := os.read(fd, 4096):
-            out += chunk
-    except OSError:  # the terminal closes with the child
-        pass
-    _, status = os.waitpid(pid, 0)
-    text = out.decode("utf-8", "replace").replace("\r\n", "\n")
-    return os.waitstatus_to_exitcode(status), re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)  # no colours
+    """A --session chat at a terminal in `cwd`, `typed` at its prompts."""
+    args = ["run", "-m", str(model), "-c", "512", "-n", "3", "--temp", "0", "--session", "chat.kvs"]
+    return at_terminal(args, *typed, cwd=cwd)
 
 
 def test_ctrl_d_says_where_the_session_was_saved(tiny_llama_path: Path, tmp_path: Path) -> None:

@@ -371,9 +371,8 @@ def test_a_taken_port_is_one_line() -> None:
         )
 
 
-def test_a_stop_during_a_stream_closes_it_between_whole_events() -> None:
-    """SIGINT while an answer streams: the server lets it run for 5 s, then ends it; the client
-    gets whole events up to a last one, and the server exits 0 without a traceback."""
+def _streaming() -> tuple[Served, http.client.HTTPResponse]:
+    """A server of one slot, streaming a long answer (its first event read)."""
     from tests.commands.serve.conftest import start
 
     s = start("-np", "1", "-c", "4096")
@@ -382,6 +381,13 @@ def test_a_stop_during_a_stream_closes_it_between_whole_events() -> None:
     conn.request("POST", "/completion", body=json.dumps(body))
     r = conn.getresponse()
     assert r.readline().startswith(b"data: ")
+    return s, r
+
+
+def test_a_stop_during_a_stream_closes_it_between_whole_events() -> None:
+    """SIGINT while an answer streams: the server lets it run for 5 s, then ends it; the client
+    gets whole events up to a last one, and the server exits 0 without a traceback."""
+    s, r = _streaming()
     s.proc.send_signal(signal.SIGINT)
     try:
         rest = r.read()
@@ -399,14 +405,7 @@ def test_a_second_ctrl_c_during_a_stream_stops_at_once_without_a_traceback() -> 
     """Ctrl-C twice while an answer streams: the second ends it at once (the client's stream is
     cut), and the server still exits 0 with its one line, not uvicorn's traceback of the
     cancelled request."""
-    from tests.commands.serve.conftest import start
-
-    s = start("-np", "1", "-c", "4096")
-    conn = http.client.HTTPConnection(s.url.removeprefix("http://"), timeout=60)
-    body = {"prompt": "a", "n_predict": 4000, "ignore_eos": True, "stream": True}
-    conn.request("POST", "/completion", body=json.dumps(body))
-    r = conn.getresponse()
-    assert r.readline().startswith(b"data: ")
+    s, r = _streaming()
     s.proc.send_signal(signal.SIGINT)
     time.sleep(0.5)
     s.proc.send_signal(signal.SIGINT)
