@@ -228,7 +228,7 @@ def chat(
             text = line.strip()
             if not text:
                 continue
-            regen = text == "/regen"
+            regen = text.split()[0] == "/regen"  # llama-cli ignores what follows
             if regen and (why := keeper.session.regen_refusal()) is not None:
                 err.print(f"error: {why}", markup=False, style="red")
                 continue
