@@ -30,7 +30,7 @@ static inline float half_to_float(uint16_t h) {
             bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
         }
     } else if (exp == 31) {
-        bits = sign | 0x7F800000 | (man << 13);
+        bits = sign | 0x7F800000 | (man ? 0x400000 : 0) | (man << 13); /* a NaN comes out quiet, as with F16C */
     } else {
         bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
     }
@@ -39,6 +39,16 @@ static inline float half_to_float(uint16_t h) {
     return f;
 #endif
 }
+
+/* x86's float -> int32 conversion (cvtps_epi32), rounding to nearest even, defined for every
+ * input as there: a NaN or a value outside the int32 range gives INT32_MIN (the "integer
+ * indefinite"), where C's conversion is undefined. */
+static inline int32_t round_to_i32(float v) {
+    return fabsf(v) < 2147483648.0f ? (int32_t)nearbyintf(v) : INT32_MIN;
+}
+
+/* An int32 saturated to int8, as x86's packs_epi32 then packs_epi16 give it. */
+static inline int8_t saturate_i8(int32_t i) { return (int8_t)(i > 127 ? 127 : i < -128 ? -128 : i); }
 
 /* y = x * w / sqrt(mean(x^2) + eps) over n elements, as ggml computes an RMS norm: each square a
  * float, their sum in double, then (x * scale) * w; y may be x. */
@@ -59,8 +69,8 @@ static inline uint16_t float_to_half(float f) {
     memcpy(&u, &f, 4);
     const uint32_t sign = (u >> 16) & 0x8000;
     const uint32_t au = u & 0x7FFFFFFF;
-    if (au >= 0x7F800000) return (uint16_t)(sign | (au > 0x7F800000 ? 0x7E00 : 0x7C00)); /* NaN, inf */
-    if (au >= 0x477FF000) return (uint16_t)(sign | 0x7C00); /* rounds past the largest half */
+    if (au > 0x7F800000) return (uint16_t)(sign | 0x7E00 | ((au >> 13) & 0x3FF)); /* NaN: quiet, its payload's top (F16C's) */
+    if (au >= 0x477FF000) return (uint16_t)(sign | 0x7C00); /* an infinity, or rounds past the largest half */
     if (au < 0x38800000) { /* a half subnormal (or zero): round |f| * 2^24 to an integer, ties to even */
         float af;
         memcpy(&af, &au, 4);

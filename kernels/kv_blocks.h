@@ -139,14 +139,14 @@ static inline void kvb_quantize_q(const float *x, int64_t n, int8_t *q, float *d
         float amax = 0.0f;
         for (int j = 0; j < KV_QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
         const float db = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
-        int sum = 0;
+        uint32_t sum = 0; /* x86's int32 lanes: a NaN's INT32_MIN wraps */
         for (int j = 0; j < KV_QK; j++) {
-            const int v = (int)nearbyintf(xb[j] * id);
-            q[b * KV_QK + j] = (int8_t)v;
-            sum += v;
+            const int32_t v = round_to_i32(xb[j] * id);
+            q[b * KV_QK + j] = saturate_i8(v);
+            sum += (uint32_t)v;
         }
         d[b] = half_to_float(float_to_half(db));
-        s[b] = half_to_float(float_to_half(db * (float)sum));
+        s[b] = half_to_float(float_to_half(db * (float)(int32_t)sum));
     }
 }
 

@@ -47,13 +47,14 @@ static float signed_max(const float *x) {
 }
 
 /* ggml's x86 quantize_row_q8_0 (q8_0's from_float, which llama.cpp's set_rows runs): scale
- * 127 / max|x|, not the _ref's 1 / d; round to nearest even (rintf), not roundf's away from zero. */
+ * 127 / max|x|, not the _ref's 1 / d; round to nearest even (as x86's cvtps_epi32, a NaN included), not
+ * roundf's away from zero. */
 KEEP_ROUNDING static void block_q8_0(const float *x, uint8_t *y) {
     float amax = 0.0f;
     for (int j = 0; j < KV_QK; j++) amax = fmaxf(amax, fabsf(x[j]));
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     put_half(y, amax / 127.0f);
-    for (int j = 0; j < KV_QK; j++) y[2 + j] = (uint8_t)(int8_t)rintf(x[j] * id);
+    for (int j = 0; j < KV_QK; j++) y[2 + j] = (uint8_t)saturate_i8(round_to_i32(x[j] * id));
 }
 
 /* q4_0 (levels 16, offset 8.5) and q5_0 (32, 16.5): d = max / -(levels / 2). */

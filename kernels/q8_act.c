@@ -61,12 +61,16 @@ static inline float amax_of(const float *x, int64_t n) {
     return _mm_cvtss_f32(m4);
 }
 #else
+/* The AVX2 code's numbers for every input: a NaN product (a NaN in the block, or an infinity
+ * times 0) is INT32_MIN, -128 once saturated, and the sums add the int32 values (wrapping). */
 static inline void quantize32(const float *x, float id, int8_t *q, int s16[2]) {
-    s16[0] = s16[1] = 0;
+    uint32_t sum[2] = {0, 0};
     for (int j = 0; j < QK8; j++) {
-        q[j] = (int8_t)nearbyintf(x[j] * id);
-        s16[j / 16] += q[j];
+        const int32_t i = round_to_i32(x[j] * id);
+        q[j] = saturate_i8(i);
+        sum[j / 16] += (uint32_t)i;
     }
+    s16[0] = (int)sum[0], s16[1] = (int)sum[1];
 }
 
 static inline int64_t first_of(const float *x, int64_t n, float amax) {
@@ -100,7 +104,7 @@ void kvq_quantize_row_q8_1(const float *x, block_q8_1 *y, int64_t k) {
         int s16[2];
         y[b].d = float_to_half(d);
         quantize32(x, amax != 0.0f ? 127.0f / amax : 0.0f, y[b].qs, s16);
-        y[b].s = float_to_half(d * (float)(s16[0] + s16[1]));
+        y[b].s = float_to_half(d * (float)(int)((uint32_t)s16[0] + (uint32_t)s16[1]));
     }
 }
 

@@ -6,6 +6,10 @@ code (the block matmuls: activations, row kernels, panels; RoPE and the K/V stor
 type; attention over quantized K and V caches, the portable code on every build), within
 TOLERANCES where it adds in another order.
 
+The same file built for this machine (`-march=native`: AVX2 or AVX-512 here) gives the portable
+bits where its code computes alike: activation quantization (ties, NaNs and infinities
+included), the half conversions, RoPE and the K/V store of every cache type.
+
 The cross compiler and qemu are Debian's gcc-aarch64-linux-gnu and qemu-user; a CI machine
 (root, apt) that lacks them gets them installed here, any other machine without them fails.
 """
@@ -103,6 +107,24 @@ def test_aarch64_kernels_give_the_portable_bits(
             got, want = _floats(cases[name]), _floats(expected[name])
             err = float(np.abs(got - want).max() / np.abs(want).max())
             assert err < tol, (name, err)
+
+
+# What the x86 SIMD code computes as the portable code does (the matmuls, feed-forwards and
+# attention add floats in ggml's x86 order instead)
+NATIVE_EQUAL = ("act_", "half_", "rope_", "store_")
+
+
+def test_the_native_build_gives_the_portable_bits_where_it_computes_alike(
+    reference: dict[str, list[str]], tmp_path: Path
+) -> None:
+    exe = tmp_path / "kernel_vectors"
+    _build("cc", cpu_lib.native_flags(), exe)
+    cases = _run([str(exe)])
+    assert cases.keys() == reference.keys()
+    same = [k for k in reference if k.startswith(NATIVE_EQUAL)]
+    assert len(same) > 60 and "act_edges_q8_1" in same and "half_to_float" in same
+    differ = [k for k in same if cases[k] != reference[k]]
+    assert not differ, f"the native build ({cases['isa'][0]}) differs from the portable one: {differ}"
 
 
 def _floats(words: list[str]) -> np.ndarray:

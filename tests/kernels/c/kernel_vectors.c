@@ -87,6 +87,47 @@ static void quantized_activations(void) {
     }
 }
 
+/* Activation rows at the edges: a NaN, infinities, a block whose 127 / max|x| overflows, exact
+ * ties of the rounding, an all -0 block; each vec_dot type. */
+static void edge_activations(void) {
+    enum { K = 512 };
+    float x[K];
+    fill_floats(x, K, 3.0f);
+    x[5] = NAN;
+    x[40] = INFINITY, x[41] = -INFINITY;
+    for (int j = 64; j < 96; j++) x[j] = 1e-39f * uniform(-1.0f, 1.0f);
+    static const float ties[] = {127.0f, 2.5f, -3.5f, 0.5f, -0.5f, 1.5f, -126.5f, 0.49999997f};
+    for (int j = 96; j < 128; j++) x[j] = ties[j % 8];
+    for (int j = 128; j < 160; j++) x[j] = -0.0f;
+    x[300] = INFINITY;
+    static const int vdts[] = {VDT_Q8_0, VDT_Q8_1, VDT_Q8_K};
+    static const char *names[] = {"act_edges_q8_0", "act_edges_q8_1", "act_edges_q8_K"};
+    for (int v = 0; v < 3; v++) {
+        uint8_t buf[2 * K];
+        kvq_quantize_row(vdts[v], x, buf, K);
+        print_bytes(names[v], buf, kvq_act_row_bytes(vdts[v], K));
+    }
+}
+
+/* The half conversions (cpu_half.h) at their edges: NaNs with payloads, infinities, subnormals,
+ * ties, the overflow boundary; and every half back to a float (signalling NaNs included). */
+static void halves(void) {
+    static const uint32_t bits[] = {0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FA5A5A5, 0xFFFFFFFF, 0x7F800000, 0xFF800000,
+                                    0x477FEFFF, 0x477FF000, 0x33000000, 0x33000001, 0x337FFFFF, 0x38800000, 0x387FC000,
+                                    0x387FE000, 0x3F801000, 0x3F803000, 0x80000000, 0x00000001, 0xC7800000};
+    enum { N = sizeof(bits) / sizeof(bits[0]) };
+    uint16_t h[N];
+    for (int i = 0; i < N; i++) {
+        float f;
+        memcpy(&f, &bits[i], 4);
+        h[i] = float_to_half(f);
+    }
+    print_bytes("half_from_float", (const uint8_t *)h, sizeof(h));
+    static float all[65536];
+    for (int i = 0; i < 65536; i++) all[i] = half_to_float((uint16_t)i);
+    print_floats("half_to_float", all, 65536);
+}
+
 static void matmuls(void) {
     enum { K = 512, NOUT = 21, MAXN = 40 };
     static const int ns[] = {1, 2, 3, 5, 8, 11, 33, 40}; /* row kernels of 1-8 rows, then panels */
@@ -254,6 +295,8 @@ int main(void) {
     printf("isa %s\n", kvq_simd());
     kvq_set_threads(2);
     quantized_activations();
+    edge_activations();
+    halves();
     matmuls();
     ffns();
     rope_stores();
