@@ -96,9 +96,9 @@ def finish(w: gguf.GGUFWriter) -> None:
     w.close()
 
 
-def logits(model: Model, tokens: list[int], step: int) -> torch.Tensor:
-    """Every position's logits, decoding `step` tokens per llama_decode."""
-    ctx = Context(model, ContextParams(n_ctx=256))
+def logits(model: Model, tokens: list[int], step: int, cache: str = "f16") -> torch.Tensor:
+    """Every position's logits, decoding `step` tokens per llama_decode, K and V cached as `cache`."""
+    ctx = Context(model, ContextParams(n_ctx=256, type_k=cache, type_v=cache))
     rows = []
     for i in range(0, len(tokens), step):
         part = tokens[i : i + step]

@@ -164,32 +164,33 @@ def test_without_a_compiler_the_model_runs_on_torchs_int4_matmul(
         assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="since i30's f16 cache default and i35/i28's activation changes the portable build is "
-    "6.8e-3 of the largest logit off the native one (bound 1e-5); stop 38's closing note",
-)
 def test_the_portable_build_runs_the_model_with_no_float_copy(
     model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The plain C build (a CPU without AVX2 or NEON) end to end: a prompt takes its panel
-    kernel, so no matrix gets a float32 copy, and its logits are the native build's up to the
-    order of float additions (benchmarks/portable_logits.py does the same on real models)."""
+    kernel, so no matrix gets a float32 copy, and over an f32 cache its logits are the native
+    build's up to the order of float additions (benchmarks/portable_logits.py does the same on
+    real models). A half or bfloat16 cache rounds each K and V value, and a last-bit difference
+    moves some across a rounding step (2^-11 of the value for a half), which the int8 activation
+    steps downstream amplify: over the default f16 cache the builds differ as int8 activations
+    make any two orders of addition differ (6.8e-3 of the largest logit measured here), so there
+    they are held to the bound this file sets for int8 activations."""
     cc = cpu_lib._compiler()
     path = cpu_lib.build(cc, portable=True) if cc else None
     portable = cpu_lib.load(path) if path is not None else None
     if portable is None:
         pytest.skip("no portable build")
     tokens = ([1, 5, 9, 3, 7, 11, 4, 8, 2, 6] * 8)[: 2 * (QUANT_MAX_ROWS + 1)]
+    runs = [(1, "f32"), (len(tokens), "f32"), (1, "f16"), (len(tokens), "f16")]
     native = Model(model_path)
-    want = [logits(native, tokens, step) for step in (1, len(tokens))]
+    want = [logits(native, tokens, step, cache) for step, cache in runs]
     monkeypatch.setattr(cpu_lib, "lib", lambda: portable)
     model = Model(model_path)
-    got = [logits(model, tokens, step) for step in (1, len(tokens))]
+    got = [logits(model, tokens, step, cache) for step, cache in runs]
     layer = model.impl.layers[0]
     for linear in (layer.ffn_down, layer.wo, model.impl.output):
         assert isinstance(linear, QuantLinear) and linear.native is not None and linear._dense is None
-    for g, w in zip(got, want, strict=True):
+    for (step, cache), g, w in zip(runs, got, want, strict=True):
         err = (g - w).abs().max() / w.abs().max()
-        assert float(err) < 1e-5, float(err)
+        assert float(err) < (1e-5 if cache == "f32" else 0.03), (step, cache, float(err))
         assert torch.equal(g.argmax(-1), w.argmax(-1))
