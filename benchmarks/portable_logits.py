@@ -5,12 +5,14 @@ largest differences between the builds and from the float32 weights' logits (`we
 the argmax agreement and each build's time.
 
     .venv/bin/python benchmarks/portable_logits.py [-m smollm2 -m gemma3-270m] [--prompt 64] [--decode 16]
+        [--cache f16]
 
 `-m` takes a cached model's name (kvtool models list) or a GGUF file. The two builds compute the
 same integer sums and differ in the order of float additions (the native one in ggml's AVX2 order,
 the portable one in ggml's generic order) and in e^x (SiLU, softmax); through a model's layers
-such last-bit differences move some activations across an int8 rounding step, so the two builds
-differ by about as much as each differs from the float32 weights' logits. The
+such last-bit differences move some activations across an int8 rounding step (and K/V values
+across a half's or bfloat16's with such a `--cache`), so the two builds differ by about as much
+as each differs from the float32 weights' logits. The
 portable build must also keep no float32 copy of any matrix: the script checks that none was made.
 """
 
@@ -50,11 +52,12 @@ def quant_linears(obj: object, seen: set[int] | None = None) -> list[QuantLinear
 
 
 def run(
-    path: Path, tokens: list[int], n_prompt: int, weights: str = "auto"
+    path: Path, tokens: list[int], n_prompt: int, cache: str, weights: str = "auto"
 ) -> tuple[torch.Tensor, float, float, Model]:
-    """(logits of every position, prompt seconds, decode seconds, the model)."""
+    """(logits of every position, prompt seconds, decode seconds, the model), K and V cached as
+    `cache`."""
     model = Model(path, weights=weights)
-    ctx = Context(model, ContextParams(n_ctx=512))
+    ctx = Context(model, ContextParams(n_ctx=512, type_k=cache, type_v=cache))
     t0 = time.perf_counter()
     prompt = tokens[:n_prompt]
     ctx.decode(Batch(prompt, list(range(n_prompt)), [(0,)] * n_prompt, [True] * n_prompt))
@@ -77,6 +80,7 @@ def main() -> None:
     ap.add_argument("-m", "--model", action="append", help="model name or GGUF file (repeatable)")
     ap.add_argument("--prompt", type=int, default=64, help="prompt tokens, one ubatch")
     ap.add_argument("--decode", type=int, default=16, help="tokens decoded one at a time after it")
+    ap.add_argument("--cache", choices=["f32", "f16", "bf16"], default="f16", help="K and V cache type")
     args = ap.parse_args()
     cc = cpu_lib._compiler()
     built = cpu_lib.build(cc, portable=True) if cc else None
@@ -84,7 +88,8 @@ def main() -> None:
     native = cpu_lib.lib()
     if portable is None or native is None:
         sys.exit("error: both the native and the portable build are needed (a C compiler)")
-    print(f"native build: {native.kvq_simd().decode()}, portable build: {portable.kvq_simd().decode()}")
+    builds = f"native build: {native.kvq_simd().decode()}, portable build: {portable.kvq_simd().decode()}"
+    print(f"{builds}, K/V cache {args.cache}")
     print(f"{'model':<34} {'logits':<20} {'max |diff|':>10} {'/max|logit|':>11} {'argmax':>7}")
     times = []
     for name in args.model or ["smollm2", "gemma3-270m"]:
@@ -92,12 +97,12 @@ def main() -> None:
         probe = Model(path)
         tokens = (probe.tokenize(TEXT) * 8)[: args.prompt + args.decode]
         del probe
-        exact = run(path, tokens, args.prompt, weights="f32")[0]
-        want, p_nat, d_nat, _ = run(path, tokens, args.prompt)
+        exact = run(path, tokens, args.prompt, args.cache, weights="f32")[0]
+        want, p_nat, d_nat, _ = run(path, tokens, args.prompt, args.cache)
         # every kernel from the portable build
         cpu_lib.lib = lambda: portable  # type: ignore[assignment]
         try:
-            got, p_port, d_port, model = run(path, tokens, args.prompt)
+            got, p_port, d_port, model = run(path, tokens, args.prompt, args.cache)
             copies = float_copies(model)
         finally:
             cpu_lib.lib = lambda: native  # type: ignore[assignment]
