@@ -185,52 +185,18 @@ def main() -> None:
 
     tg, pp = Row("tg128 t/s (bench)"), Row("pp512 t/s (bench)")
 
+    # the same test in both tools: pp512 and tg128, the same repetitions, threads and K/V types
+    same = ["-m", gguf, "-p", "512", "-n", "128", "-t", t, "-r", str(a.bench_reps), *kv, "-o", "json"]
+
     def kv_bench() -> None:
-        out = run(
-            [
-                *KVTOOL,
-                "bench",
-                "-m",
-                gguf,
-                "-p",
-                "512",
-                "-n",
-                "128",
-                "-t",
-                t,
-                "-r",
-                str(a.bench_reps),
-                *kv,
-                "-o",
-                "json",
-            ]
-        )
+        out = run([*KVTOOL, "bench", *same])
         pp.kvtool.append(bench_ts(out, 512, 0))
         tg.kvtool.append(bench_ts(out, 0, 128))
         progress("kvtool pp512", pp.kvtool)
         progress("kvtool tg128", tg.kvtool)
 
     def ll_bench() -> None:
-        out = run(
-            [
-                lb,
-                "-m",
-                gguf,
-                "-p",
-                "512",
-                "-n",
-                "128",
-                "-t",
-                t,
-                "-r",
-                str(a.bench_reps),
-                *kv,
-                "--repack",
-                a.llama_repack,
-                "-o",
-                "json",
-            ]
-        )
+        out = run([lb, *same, "--repack", a.llama_repack])
         pp.llama.append(bench_ts(out, 512, 0))
         tg.llama.append(bench_ts(out, 0, 128))
         progress("llama.cpp pp512", pp.llama)
