@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 from kvtool import Batch, Context, ContextParams, Model
+from kvtool.backend.linear import QuantLinear
 from kvtool.common.registry import resolve_model
 from kvtool.kernels import cpu_lib
-from kvtool.models.linear import QuantLinear
 
 TEXT = (
     "The history of the bicycle begins in the early nineteenth century, when inventors in Germany and "

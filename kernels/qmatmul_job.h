@@ -29,7 +29,7 @@ static inline const uint8_t *job_row(const job_t *J, int64_t o) {
     return J->w[seg] + (o - (seg ? J->seg_end[seg - 1] : 0)) * J->row_bytes;
 }
 
-/* Rows from which a format with the panel kernel takes it (models/linear.py's QUANT_MAX_ROWS). */
+/* Rows from which a format with the panel kernel takes it (backend/linear.py's QUANT_MAX_ROWS). */
 #define PANEL_MIN_ROWS 33
 
 int kvq_panels(int type);

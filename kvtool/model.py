@@ -7,7 +7,9 @@ from pathlib import Path
 
 import torch
 
-from kvtool.backend import Backend
+from kvtool.backend.device_file import on_device
+from kvtool.backend.linear import QUANT_MAX_ROWS, check_weights_mode, computes_natively, weights_for_device
+from kvtool.backend.ops import Backend
 from kvtool.batch import UBatch
 from kvtool.chat_template import ChatTemplate, select_chat_template
 from kvtool.device import resolve_device
@@ -17,11 +19,9 @@ from kvtool.kernels import cpu_lib
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.spec import MemorySpec
 from kvtool.models import ARCHITECTURES, SplitForward
-from kvtool.models.device_file import on_device
 from kvtool.models.hparams import HParams, bad_key
 from kvtool.models.hparams_check import check_model
 from kvtool.models.inputs import ForwardInputs
-from kvtool.models.linear import QUANT_MAX_ROWS, check_weights_mode, computes_natively, weights_for_device
 from kvtool.models.tensors import ModelTensors
 from kvtool.threads import compute_threads
 from kvtool.vocab import Vocab
@@ -39,7 +39,7 @@ class Model:
         compiled: bool = True,
     ) -> None:
         """`weights`: "auto" keeps quantized weights quantized for the CPU's quantized matmuls
-        (see kvtool/models/linear.py) and is bf16 on CUDA; "f32" dequantizes everything to float32
+        (see kvtool/backend/linear.py) and is bf16 on CUDA; "f32" dequantizes everything to float32
         (the exact path); "f16"/"bf16" keep matrices dense in that type. `device`: "cpu"
         (None) or "cuda": the weights are dequantized there once, at load. `compiled=False`:
         torch computes every op on the CPU, none of the compiled kernels (the reference they are

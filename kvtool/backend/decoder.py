@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
+from kvtool.backend.linear import QUANT_MAX_ROWS, Linear, LinearGroup, QuantLinear
 from kvtool.batch import UBatch
 from kvtool.kernels.decoder_cpu import DecoderWeights, LayerCache, LayerWeights, UBatchView
 from kvtool.kernels.qmatmul import QWeight
@@ -16,7 +17,6 @@ from kvtool.memory.base import MemoryContext
 from kvtool.memory.kv_cache_context import KVView
 from kvtool.models.hparams import HParams
 from kvtool.models.layers import DecoderLayer, DecoderOptions
-from kvtool.models.linear import QUANT_MAX_ROWS, Linear, LinearGroup, QuantLinear
 
 
 def native(lin: Linear | None) -> QWeight | None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kvtool.backend.linear import Linear, LinearGroup
 from kvtool.batch import UBatch
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.spec import KVSpec
@@ -24,7 +25,6 @@ from kvtool.models.hparams import SWAHParams, read_float
 from kvtool.models.inputs import ForwardInputs, forward_inputs
 from kvtool.models.kv_layers import KVLayers
 from kvtool.models.layers import DecoderLayer, DecoderOptions, geglu, gelu_table
-from kvtool.models.linear import Linear, LinearGroup
 from kvtool.models.llama import qkv
 from kvtool.models.rope import RopeParams, apply_rope
 from kvtool.models.tensors import Dim, ModelTensors
@@ -35,7 +35,7 @@ N_LAYER_27B = {
 }  # 27B scales queries by 1/sqrt(n_embd / n_head), not 1/sqrt(head_dim)
 
 if TYPE_CHECKING:  # the backend imports the models' building blocks
-    from kvtool.backend import Decoder
+    from kvtool.backend.ops import Decoder
 
 
 @dataclass(frozen=True)

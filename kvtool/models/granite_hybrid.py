@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvtool.backend.linear import Linear, LinearGroup, linear_normed
 from kvtool.batch import UBatch
 from kvtool.errors import ModelLoadError
 from kvtool.memory.base import MemoryContext
@@ -22,7 +23,6 @@ from kvtool.memory.spec import KVSpec
 from kvtool.memory.views import kv_view, rs_view
 from kvtool.models.hparams import GraniteScales, SSMHParams, read_int
 from kvtool.models.layers import rms_norm, swiglu
-from kvtool.models.linear import Linear, LinearGroup, linear_normed
 from kvtool.models.llama import qkv
 from kvtool.models.mamba2 import Mamba2Layer, Mamba2Mixer
 from kvtool.models.rope import RopeParams, Rotation, apply_rope

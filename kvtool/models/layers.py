@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from kvtool.models.linear import Linear, LinearGroup, glu_native
+from kvtool.backend.linear import Linear, LinearGroup, glu_native
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -27,7 +27,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tenso
 
 def swiglu(x: torch.Tensor, gate_up: LinearGroup, down: Linear) -> torch.Tensor:
     """down(silu(gate(x)) * up(x)); one call of the compiled kernel where the backend put both
-    weights in it and the rows fit it (kvtool/models/linear.py's `glu_native`)."""
+    weights in it and the rows fit it (kvtool/backend/linear.py's `glu_native`)."""
     y = glu_native(x, gate_up, down)
     if y is not None:
         return y

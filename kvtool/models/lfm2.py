@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvtool.backend.linear import Linear, LinearGroup, linear_normed
 from kvtool.batch import UBatch
 from kvtool.errors import ModelLoadError
 from kvtool.memory.base import MemoryContext
@@ -26,7 +27,6 @@ from kvtool.memory.spec import KVSpec
 from kvtool.memory.views import kv_view, rs_view
 from kvtool.models.hparams import read_int
 from kvtool.models.layers import rms_norm, swiglu
-from kvtool.models.linear import Linear, LinearGroup, linear_normed
 from kvtool.models.llama import qkv
 from kvtool.models.mamba_layers import seq_blocks, store
 from kvtool.models.rope import RopeParams, Rotation, apply_rope

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kvtool.backend.linear import Linear, LinearGroup, linear_normed
 from kvtool.batch import UBatch
 from kvtool.errors import KvtoolError, ModelLoadError
 from kvtool.memory.base import MemoryContext
@@ -26,12 +27,11 @@ from kvtool.models.hparams import GraniteScales, SWAHParams, read_int
 from kvtool.models.inputs import ForwardInputs, forward_inputs
 from kvtool.models.kv_layers import KVLayers
 from kvtool.models.layers import DecoderLayer, DecoderOptions, rms_norm, swiglu, swiglu_normed
-from kvtool.models.linear import Linear, LinearGroup, linear_normed
 from kvtool.models.rope import RopeParams, Rotation
 from kvtool.models.tensors import AttnDims, Dim, ModelTensors
 
 if TYPE_CHECKING:  # the backend imports the models' building blocks
-    from kvtool.backend import Decoder
+    from kvtool.backend.ops import Decoder
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvtool.backend.linear import Linear, linear_rows
 from kvtool.batch import UBatch
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
 from kvtool.models.hparams import SSMHParams
 from kvtool.models.layers import rms_norm
-from kvtool.models.linear import Linear, linear_rows
 from kvtool.models.mamba_layers import RecurrentLM, seq_blocks, ssm_conv, store
 from kvtool.models.tensors import ModelTensors
 

@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from kvtool.backend.linear import Linear
 from kvtool.batch import UBatch
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec, RSView
 from kvtool.models.hparams import SSMHParams
 from kvtool.models.layers import rms_norm
-from kvtool.models.linear import Linear
 from kvtool.models.mamba_layers import RecurrentLM, seq_blocks, ssm_conv, store
 from kvtool.models.tensors import ModelTensors
 
 if TYPE_CHECKING:
-    from kvtool.backend import Backend
+    from kvtool.backend.ops import Backend
 
 
 @dataclass

@@ -7,12 +7,12 @@ import abc
 
 import torch
 
+from kvtool.backend.linear import linear_normed
 from kvtool.batch import UBatch
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.recurrent import RSView
 from kvtool.memory.views import rs_view
 from kvtool.models.layers import rms_norm
-from kvtool.models.linear import linear_normed
 from kvtool.models.tensors import ModelTensors
 
 

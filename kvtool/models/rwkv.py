@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvtool.backend.linear import Embedding, Linear
 from kvtool.batch import UBatch
 from kvtool.memory.base import MemoryContext
 from kvtool.memory.recurrent import RecurrentSpec, RSLayerSpec
 from kvtool.memory.views import rs_view
 from kvtool.models.hparams import RWKVHParams
-from kvtool.models.linear import Embedding, Linear
 from kvtool.models.tensors import ModelTensors
 
 GROUP_NORM_EPS = 64e-5  # llama.cpp's eps for the per-head norm of the WKV output

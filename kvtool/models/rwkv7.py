@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvtool.backend.linear import Linear, linear_rows
 from kvtool.models.hparams import read_int
-from kvtool.models.linear import Linear, linear_rows
 from kvtool.models.rwkv import Carry, RWKVModel, head_group_norm
 from kvtool.models.tensors import Dim, ModelTensors, Shape
 

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kvtool.backend.linear import Embedding, Linear, LinearGroup, load_linear, output_linear
 from kvtool.errors import ModelLoadError
 from kvtool.gguf_file import GGUFFile
 from kvtool.models.hparams import HParams, bad_key, per_layer
-from kvtool.models.linear import Embedding, Linear, LinearGroup, load_linear, output_linear
 
-if TYPE_CHECKING:  # kvtool.backend imports the models' building blocks
-    from kvtool.backend import Backend
+if TYPE_CHECKING:  # kvtool.backend.ops imports the models' building blocks
+    from kvtool.backend.ops import Backend
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class ModelTensors:
     """The tensors of one file as an architecture claims them: `tensor`, `linear`, `group`...
     each check the tensor against its declared shape first. `backend` (kvtool/backend) is the
     implementation of each op the model computes with, its weights mode the one the linear
-    layers follow (kvtool/models/linear.py)."""
+    layers follow (kvtool/backend/linear.py)."""
 
     def __init__(self, f: GGUFFile, hp: HParams, backend: Backend) -> None:
         self.f, self.hp, self.backend = f, hp, backend

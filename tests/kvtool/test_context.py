@@ -147,7 +147,7 @@ def test_public_api_names() -> None:
 @pytest.mark.parametrize("unified", [True, False])
 def test_attention_spans_cells_in_use_per_stream(tiny_llama, unified: bool, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """n_kv grows with the cells in use, not the cache size; split mode attends per stream."""
-    import kvtool.backend as backend
+    import kvtool.backend.ops as backend
 
     seen = []
     real = backend.attention

@@ -12,10 +12,10 @@ import torch
 import kvtool
 from kvtool import graphs
 from kvtool import model as model_mod
+from kvtool.backend.device_file import DeviceFile
 from kvtool.kernels import attention as attention_mod
 from kvtool.kernels import store_kv as store_kv_mod
 from kvtool.memory import kv_cache_context
-from kvtool.models.device_file import DeviceFile
 from tests.kvtool import device_engine_checks
 from tests.kvtool.test_oracle_tiny import DATA, SCENARIOS, rel_err, replay, tiny_model
 

@@ -7,8 +7,8 @@ import pytest
 
 import kvtool
 from kvtool import threads
+from kvtool.backend.linear import QUANT_MAX_ROWS
 from kvtool.kernels import cpu_lib
-from kvtool.models.linear import QUANT_MAX_ROWS
 
 
 def test_prompts_use_the_batch_threads_and_decode_steps_the_others(

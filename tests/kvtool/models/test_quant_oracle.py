@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import kvtool
-from kvtool.models.linear import QUANT_MAX_ROWS, QuantLinear
+from kvtool.backend.linear import QUANT_MAX_ROWS, QuantLinear
 from tests.kvtool.test_oracle_tiny import rel_err, replay
 
 DATA = Path(__file__).parent.parent.parent / "data" / "quant"

@@ -11,8 +11,8 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from kvtool import Model
+from kvtool.backend.linear import QUANT_MAX_ROWS, QuantLinear
 from kvtool.kernels import cpu_lib, qmatmul
-from kvtool.models.linear import QUANT_MAX_ROWS, QuantLinear
 from kvtool.threads import compute_threads
 from tests.helpers import tiny_gguf
 from tests.helpers.decoder_script import count_runs, decode_script, expected_runs

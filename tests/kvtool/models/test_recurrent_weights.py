@@ -17,9 +17,9 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
 from kvtool import Model
+from kvtool.backend.linear import QUANT_MAX_ROWS, DenseLinear, Embedding, LinearGroup, QuantLinear
 from kvtool.kernels import qmatmul
 from kvtool.kernels.dequant import F32
-from kvtool.models.linear import QUANT_MAX_ROWS, DenseLinear, Embedding, LinearGroup, QuantLinear
 from tests.helpers.quantized import logits, quantized_copy
 
 MODELS = Path(__file__).parents[2] / "data" / "tiny" / "models"

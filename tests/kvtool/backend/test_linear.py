@@ -1,4 +1,4 @@
-"""kvtool.models.linear: packed weights switch by rows, group matmuls split back exactly, and
+"""kvtool.backend.linear: packed weights switch by rows, group matmuls split back exactly, and
 embeddings dequantize only the rows asked for, all against gguf.quants.dequantize."""
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as ref_dequantize
 from gguf.quants import quantize
 
-from kvtool.errors import ModelLoadError
-from kvtool.gguf_file import GGUFFile
-from kvtool.kernels import qmatmul
-from kvtool.models.linear import (
+from kvtool.backend.linear import (
     QUANT_MAX_ROWS,
     DenseLinear,
     Embedding,
@@ -26,6 +23,9 @@ from kvtool.models.linear import (
     check_weights_mode,
     load_linear,
 )
+from kvtool.errors import ModelLoadError
+from kvtool.gguf_file import GGUFFile
+from kvtool.kernels import qmatmul
 
 T = GGMLQuantizationType
 N_IN = 64

@@ -10,9 +10,9 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from kvtool import Model
+from kvtool.backend.linear import QuantLinear
 from kvtool.kernels import attention_cpu, cpu_lib, qmatmul, rms_norm_cpu, rope_store_cpu
 from kvtool.kernels.decoder_cpu import DecoderWeights
-from kvtool.models.linear import QuantLinear
 from tests.helpers import tiny_gguf
 from tests.helpers.quantized import logits, quantizing
 
