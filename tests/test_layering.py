@@ -21,6 +21,16 @@ def imports(path: Path) -> list[str]:
     return names
 
 
+def from_imports(path: Path) -> list[str]:
+    """`from a import b` as "a.b" (b may be a module: `from kvtool import kernels`)."""
+    return [
+        f"{node.module}.{a.name}"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+        for a in node.names
+    ]
+
+
 def test_the_engine_imports_no_cli_or_http_library() -> None:
     bad = [
         (str(p.relative_to(ROOT)), name)
@@ -61,19 +71,13 @@ def test_the_engine_does_not_import_the_common_layer() -> None:
     assert bad == []
 
 
-# The weights' loaders, which hold tensors in a kernel's format (GGUF blocks for the compiled
-# matmul, int4pack's planes) and know which formats the kernels read.
-WEIGHT_LOADERS = ("hparams_check.py",)
-
-
 def test_model_modules_import_no_kernel_module() -> None:
     """The architectures and their building blocks name ops (`self.ops.attend`...): which kernel
     computes an op is the backend's choice (kvtool/backend), made once at model load."""
     bad = [
-        (p.name, name)
-        for p in sorted((ROOT / "kvtool" / "models").glob("*.py"))
-        if p.name not in WEIGHT_LOADERS
-        for name in imports(p)
+        (str(p.relative_to(ROOT)), name)
+        for p in sorted((ROOT / "kvtool" / "models").rglob("*.py"))
+        for name in imports(p) + from_imports(p)
         if name.startswith("kvtool.kernels") or name.split(".")[0] == "kernels"
     ]
     assert bad == []
@@ -161,15 +165,27 @@ def _runtime_imports(path: Path, known: set[str]) -> set[str]:
     return out & known
 
 
+def _packages(m: str) -> set[str]:
+    """The packages Python imports before module `m` (a.b.c: a and a.b)."""
+    parts = m.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
 def test_the_engine_has_no_import_cycle() -> None:
-    """An import inside a function is still a dependency: no engine module depends on itself
-    through others (the facade, which names every module, is left out)."""
+    """An import inside a function is still a dependency, and so is the __init__ of every
+    package Python enters to reach a module (`kvtool.backend.linear` runs kvtool/backend's
+    __init__ first): no engine module depends on itself through others (the facade, which names
+    every module, is left out)."""
     paths = {
         _module(p): p
         for p in (ROOT / "kvtool").rglob("*.py")
         if "common" not in p.relative_to(ROOT).parts and p != ROOT / "kvtool" / "__init__.py"
     }
-    graph = {m: _runtime_imports(p, set(paths)) - {m} for m, p in paths.items()}
+    graph = {}
+    for m, p in paths.items():
+        deps = _runtime_imports(p, set(paths))
+        deps |= {pkg for d in deps for pkg in _packages(d) - _packages(m) if pkg in paths}
+        graph[m] = deps - {m}
     cycles = []
     for start in graph:  # a path from a module's imports back to itself
         seen, todo = set(), list(graph[start])
@@ -182,3 +198,36 @@ def test_the_engine_has_no_import_cycle() -> None:
                 seen.add(m)
                 todo += graph[m]
     assert cycles == []
+
+
+_IMPORT_EACH = """
+import importlib, sys
+bad = []
+for m in sys.argv[1:]:
+    for k in [k for k in sys.modules if k.split(".")[0] == "kvtool" and not k.startswith("kvtool.kernels")]:
+        del sys.modules[k]
+    try:
+        importlib.import_module(m)
+    except Exception as e:
+        bad.append(f"{m}: {e!r}")
+print("\\n".join(bad))
+"""
+
+
+def test_every_module_imports_first() -> None:
+    """Each module of the engine, the common layer and the commands imports on its own, as the
+    first kvtool module of a process (the kernels, which import only torch, stay loaded between
+    two): an import order that only works when another module came first fails here."""
+    import subprocess
+    import sys
+
+    mods = [_module(p) for p in sorted((ROOT / "kvtool").rglob("*.py"))]
+    mods += [
+        "kvtool.commands" + _module(p).removeprefix("commands")
+        for p in sorted((ROOT / "commands").rglob("*.py"))
+        if p.name != "__main__.py"  # runs the CLI
+    ]
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORT_EACH, *mods], capture_output=True, text=True, cwd=ROOT
+    )
+    assert (out.returncode, out.stderr[-2000:], out.stdout.strip()) == (0, "", "")

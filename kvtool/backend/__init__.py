@@ -4,7 +4,8 @@ kernels read (llama.cpp's ggml backends and their buffer types).
 - ops.py: `Backend`, chosen once at model load for a device and a weights mode; the ops the
   models call by name (`ops.attend`, `ops.rms_norm_ggml`, `ops.decoder`, the scans).
 - linear.py: linear layers and token embeddings over GGUF weights, held as the weights mode and
-  the backend ask (the compiled block matmul's bytes, int4pack's planes, dense float32/f16/bf16).
+  the backend ask (the compiled block matmul's bytes, int4pack's planes, dense float32/f16/bf16);
+  the tensor types kvtool reads.
 - device_file.py: a GGUFFile whose tensors are dequantized on the device.
 - decoder.py: the bridge to the compiled decoder call.
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from kvtool.errors import ModelLoadError
 from kvtool.gguf_file import GGUFFile, TensorInfo
 from kvtool.kernels import qmatmul
-from kvtool.kernels.dequant import F32, dequantize
+from kvtool.kernels.dequant import F32, dequantize, supported_types
 from kvtool.kernels.int4pack import Int4Packed, int4_groups, int4_linear, n_planes_of, pack, packable
 
 WeightsMode = Literal["auto", "f32", "f16", "bf16"]
@@ -166,6 +166,17 @@ def computes_natively(f: GGUFFile, weights: str, n_rows: int, compiled: bool) ->
         return False
     infos = (f.tensor_info(n) for n in f.tensor_names())
     return any(len(i.shape) == 2 and qmatmul.supported(i.qtype, i.shape) for i in infos)
+
+
+def check_types(f: GGUFFile) -> None:
+    """Raises ModelLoadError naming the first tensor of a type kvtool cannot read (the types
+    kernels/dequant has)."""
+    ok = supported_types()
+    for name in f.tensor_names():
+        if f.tensor_info(name).qtype not in ok:
+            raise ModelLoadError(
+                f"{f.path.name}: tensor {name} has type {f.tensor_type(name)}, which kvtool cannot read"
+            )
 
 
 def check_weights_mode(weights: str) -> None:

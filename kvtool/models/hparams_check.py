@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import re
 
-from kvtool.errors import ModelLoadError
+from kvtool.backend.linear import check_types
 from kvtool.gguf_file import GGUFFile
-from kvtool.kernels.dequant import supported_types
 from kvtool.models.hparams import HParams, bad_key
 
 
@@ -27,19 +26,10 @@ def _blocks(f: GGUFFile, hp: HParams) -> None:
             raise bad_key(f, f"{f.arch}.block_count", hp.n_layer, f"but the file has tensor {name}")
 
 
-def _types(f: GGUFFile) -> None:
-    ok = supported_types()
-    for name in f.tensor_names():
-        if f.tensor_info(name).qtype not in ok:
-            raise ModelLoadError(
-                f"{f.path.name}: tensor {name} has type {f.tensor_type(name)}, which kvtool cannot read"
-            )
-
-
 def check_model(f: GGUFFile, hp: HParams, n_vocab: int) -> None:
     """Raises ModelLoadError unless the file's tensors are all readable and belong to its blocks,
     and `{arch}.vocab_size` (where present) is `n_vocab`, the tokenizer's token count."""
     _blocks(f, hp)
-    _types(f)
+    check_types(f)
     if f.has(f"{f.arch}.vocab_size") and hp.n_vocab != n_vocab:
         raise bad_key(f, f"{f.arch}.vocab_size", hp.n_vocab, f"but the tokenizer has {n_vocab} tokens")
