@@ -12,10 +12,9 @@ import torch
 
 def _wanted() -> bool:
     """Triton is imported only where a kernel can run in it: a CUDA device, or its interpreter
-    (TRITON_INTERPRET=1, the tests); KVTOOL_TRITON=1 imports it anyway (the tests that compile
-    the kernels for a GPU ahead of time). Elsewhere the import would only cost startup (~0.3 s)."""
-    env = os.environ.get
-    return env("TRITON_INTERPRET") == "1" or env("KVTOOL_TRITON") == "1" or torch.cuda.is_available()
+    (TRITON_INTERPRET=1, the tests); `load()` imports it anyway (a compile ahead of time for a
+    GPU). Elsewhere the import would only cost startup (~0.3 s)."""
+    return os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
 
 
 try:
@@ -30,6 +29,17 @@ except ImportError:
 # Kernel modules define their kernels with `@jit` whether or not triton is there: with postponed
 # annotations `tl.constexpr` is only a string, so an undecorated kernel is never touched.
 jit = triton.jit if triton is not None else (lambda fn: fn)
+
+
+def load() -> None:
+    """Imports Triton where no kernel can run in it (compiling the kernels for a GPU on a machine
+    without one): call it before importing a kernel module, whose `@jit` then makes Triton
+    kernels."""
+    global triton, tl, jit
+    import triton as triton_module
+    import triton.language as tl_module
+
+    triton, tl, jit = triton_module, tl_module, triton_module.jit
 
 
 def use_triton(*tensors: torch.Tensor) -> bool:

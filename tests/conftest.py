@@ -6,8 +6,6 @@ import os
 import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
-# the tests that compile kernels for a GPU run without TRITON_INTERPRET, on machines without one
-os.environ.setdefault("KVTOOL_TRITON", "1")
 
 from pathlib import Path
 
@@ -16,6 +14,17 @@ import pytest
 from tests.helpers.tiny_gguf import TinyLlama, write_tiny_llama
 
 DATA = Path(__file__).parent / "data"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--property-examples",
+        type=int,
+        default=0,
+        metavar="N",
+        help="tests/kvtool/memory/test_property_memory.py: N random programs of 25 steps per case "
+        "(the long run; default: the bounded, derandomized CI run)",
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -28,11 +28,12 @@ def compile_sm90(fn, signature: dict[str, str], constexprs: dict[str, object], *
 
 def compile_in_subprocess(module: str, function: str, cache: Path) -> None:
     """Runs `module.function()` (which compiles kernels) in a process without TRITON_INTERPRET and
-    with a fresh Triton cache, so it compiles for real; KVTOOL_TRITON=1 has kernels/_triton import
-    triton there all the same (it does only where a kernel can run, else they are plain functions)."""
+    with a fresh Triton cache, so it compiles for real; `_triton.load()` imports triton there all
+    the same (kernels/_triton does only where a kernel can run, else they are plain functions)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env |= {"TRITON_CACHE_DIR": str(cache), "KVTOOL_TRITON": "1"}
-    code = f"from {module} import {function}; {function}()"
+    env |= {"TRITON_CACHE_DIR": str(cache)}
+    load = "from kvtool.kernels import _triton; _triton.load()"
+    code = f"{load}; from {module} import {function}; {function}()"
     cmd = [sys.executable, "-c", code]
     r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]

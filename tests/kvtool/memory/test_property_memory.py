@@ -13,13 +13,12 @@ checks after every step, through the public API:
     models when every cached token was computed over exactly the tokens the sequence now
     holds before it; recurrent states always (a state is the fold of its tokens).
 
-The CI run is bounded and derandomized; KVTOOL_PROPERTY_EXAMPLES=N runs N programs per case
-(the report's long run). Shrunk failures live on as explicit tests in test_property_found.py.
+The CI run is bounded and derandomized; `pytest --property-examples N` runs N random programs
+per case (the report's long run). Shrunk failures live on as explicit tests in test_property_found.py.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +49,6 @@ N_SWA = 4  # gemma3's window
 KV_ARCHS = ["llama", "gemma3"]
 RECURRENT_ARCHS = ["mamba", "mamba2", "rwkv6", "rwkv7"]
 HYBRID_ARCHS = ["granitehybrid", "lfm2"]
-EXAMPLES = int(os.environ.get("KVTOOL_PROPERTY_EXAMPLES", "0"))
 STATS: dict[str, int] = {"programs": 0, "steps": 0, "failed_ops": 0, "logit_checks": 0}
 
 
@@ -491,20 +489,21 @@ CI_EXAMPLES = {"llama": 20, "gemma3": 15, "granitehybrid": 10, "lfm2": 10}  # re
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.arch}-{'unified' if c.unified else 'split'}")
-def test_memory_programs(models: dict[str, kvtool.Model], case: Case) -> None:
-    n = EXAMPLES or CI_EXAMPLES.get(case.arch, 10)
+def test_memory_programs(models: dict[str, kvtool.Model], case: Case, request: pytest.FixtureRequest) -> None:
+    long_run: int = request.config.getoption("property_examples")  # 0: the CI run
+    n = long_run or CI_EXAMPLES.get(case.arch, 10)
     STATS.update(programs=0, steps=0, failed_ops=0, logit_checks=0)
     run_state_machine_as_test(
         machine(case),
         settings=settings(
             max_examples=n,
-            stateful_step_count=15 if not EXAMPLES else 25,
-            derandomize=not EXAMPLES,
+            stateful_step_count=15 if not long_run else 25,
+            derandomize=not long_run,
             deadline=None,
             database=None,
             suppress_health_check=list(HealthCheck),
             print_blob=True,
         ),
     )
-    if EXAMPLES:
+    if long_run:
         print(f"\n{case}: {STATS}")
