@@ -118,3 +118,34 @@ def test_the_window_took_over_cells_the_state_before_needed(monkeypatch: pytest.
         ctx.decode(kvtool.Batch.from_tokens([5] * 64, pos0=240))
     assert seen[1] == 16  # the second ubatch overwrote positions 0-15
     assert swa.seq_pos_min(0) == 0 and ctx.memory.seq_pos_min(0) == 0
+
+
+def test_out_of_memory_in_the_second_ubatch_of_a_window_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's case: a compute failure (status -3) in a batch's second ubatch, whose apply
+    moved Gemma 3's window past positions 0-15 (test above); the memory is as it was, window
+    included, and decoding goes on as if the batch never was."""
+    model = kvtool.Model(MODELS / "tiny-gemma3.gguf")
+    params = kvtool.ContextParams(n_ctx=1024, n_batch=64, n_ubatch=16)
+    ctx = kvtool.Context(model, params)
+    prompt = [3 + i % 50 for i in range(240)]
+    kvtool.decode_tokens(ctx, prompt, 0, 0)
+    before = snapshot(ctx.memory)
+    forward, calls = ctx.model.forward, [0]
+
+    def oom_second(*a: Any, **k: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise torch.OutOfMemoryError("injected")
+        return forward(*a, **k)
+
+    monkeypatch.setattr(ctx.model, "forward", oom_second)
+    with pytest.raises(kvtool.DecodeError) as e:
+        ctx.decode(kvtool.Batch.from_tokens([60 + i % 30 for i in range(64)], pos0=240))
+    monkeypatch.undo()
+    assert e.value.status == -3 and calls[0] == 2
+    assert (ctx.memory.seq_pos_min(0), ctx.memory.seq_pos_max(0)) == (0, 239)
+    assert ctx.memory.parts["swa"].seq_pos_min(0) == 0
+    assert same(snapshot(ctx.memory), before)
+    got = kvtool.decode_tokens(ctx, [11, 12], 0, 240)
+    want = kvtool.decode_tokens(kvtool.Context(model, params), [*prompt, 11, 12], 0, 0)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
