@@ -5,6 +5,8 @@ code under `kvtool.commands`, never an engine module (`kvtool.context`, `kvtool.
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,6 +137,27 @@ def test_the_public_api_is_llama_h_sized() -> None:
     assert not [
         m for m in kvtool._WHERE.values() if m.startswith("kvtool.common") and m != "kvtool.common.registry"
     ]
+    # the map says how many
+    said = re.search(
+        r"`kvtool/__init__.py` exports \((\d+) names", (ROOT / "docs" / "architecture.md").read_text()
+    )
+    assert said is not None and int(said.group(1)) == len(kvtool.__all__)
+
+
+KERNEL_DEPS = ("torch", "numpy", "triton")  # and the standard library
+
+
+def test_kernels_import_no_engine_module() -> None:
+    """The bottom layer: kernels/ imports torch, numpy, triton (guarded, kernels/_triton.py), the
+    standard library and other kernels, never the engine, the common layer or the commands."""
+    bad = [
+        (p.name, name)
+        for p in sorted((ROOT / "kernels").rglob("*.py"))
+        for name in imports(p)
+        if not name.startswith("kvtool.kernels")
+        and name.split(".")[0] not in (*KERNEL_DEPS, *sys.stdlib_module_names)
+    ]
+    assert bad == []
 
 
 def _module(path: Path) -> str:
@@ -219,7 +242,6 @@ def test_every_module_imports_first() -> None:
     first kvtool module of a process (the kernels, which import only torch, stay loaded between
     two): an import order that only works when another module came first fails here."""
     import subprocess
-    import sys
 
     mods = [_module(p) for p in sorted((ROOT / "kvtool").rglob("*.py"))]
     mods += [
