@@ -106,6 +106,14 @@ WeightsOpt = Annotated[
 NoProgressOpt = Annotated[
     bool, typer.Option("--no-progress", help="No progress on stderr (it shows only on a terminal).")
 ]
+JinjaOpt = Annotated[
+    bool,
+    typer.Option(
+        "--jinja/--no-jinja",
+        help="Render chats with the GGUF's own template (Jinja), as llama.cpp does; --no-jinja: "
+        "llama.cpp's named format of its family (chatml, gemma, llama3).",
+    ),
+]
 
 # the sampler's flags, with llama.cpp's meanings; a value without one is a usage error
 TempOpt = Annotated[

@@ -169,7 +169,7 @@ def parallel(
             "--timeout", help="Seconds per server request.", callback=common.values.bounds(0.0, lo_open=True)
         ),
     ] = 600.0,
-    no_progress: Annotated[bool, typer.Option("--no-progress", help="No live view on stderr.")] = False,
+    no_progress: common.NoProgressOpt = False,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the summary and every request here.")
     ] = None,

@@ -114,19 +114,10 @@ def run(
             callback=common.values.bounds(-1),
         ),
     ] = 0,
-    jinja: Annotated[
-        bool,
-        typer.Option(
-            "--jinja/--no-jinja",
-            help="Render the GGUF's own chat template (Jinja), as llama.cpp does; --no-jinja: "
-            "llama.cpp's named format of its family (chatml, gemma, llama3).",
-        ),
-    ] = True,
+    jinja: common.JinjaOpt = True,
     rs_seq: common.options.RsSeqOpt = 1,
     ctx_checkpoints: common.options.CtxCheckpointsOpt = 32,
-    no_progress: Annotated[
-        bool, typer.Option("--no-progress", help="No progress on stderr (loading, long prompts).")
-    ] = False,
+    no_progress: common.NoProgressOpt = False,
     verbose: Annotated[
         bool, typer.Option("-v", "--verbose", help="Model, template and context details.")
     ] = False,

@@ -249,13 +249,7 @@ def serve(
             help="Folder of the files of POST /slots/{id}?action=save|restore (default: none, no actions).",
         ),
     ] = None,
-    jinja: Annotated[
-        bool,
-        typer.Option(
-            "--jinja/--no-jinja",
-            help="Render chats with the GGUF's own template (else llama.cpp's named ones).",
-        ),
-    ] = True,
+    jinja: common.JinjaOpt = True,
 ) -> None:
     """An OpenAI-compatible server (llama-server): chat, completions, slots, metrics."""
     import uvicorn
