@@ -6,22 +6,24 @@ top 32, mean |d top-1 logit|), and that file's figures for llama.cpp with the sa
 
     .venv/bin/python benchmarks/kv_types_oracle.py smollm2 f16 q8_0 q5_1 q4_0 iq4_nl
 
-The oracle folder is $KVTOOL_ORACLE, else ../shared/oracle from the project root (a worktree
-elsewhere sets KVTOOL_ORACLE).
+The oracle folder is --oracle DIR, else the first shared/oracle beside a folder above this file
+(../shared/oracle from the project root, ../../shared/oracle from a worktree under it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
 import kvtool
 
-ORACLE = Path(os.environ.get("KVTOOL_ORACLE") or Path(__file__).resolve().parents[2] / "shared" / "oracle")
+ORACLE = next(
+    (d / "shared" / "oracle" for d in Path(__file__).resolve().parents if (d / "shared" / "oracle").is_dir()),
+    None,
+)
 REAL = {"smollm2": "smollm2-135m-instruct-q4_1", "gemma3-270m": "gemma-3-270m-q4_k_m"}
 
 
@@ -43,10 +45,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", choices=sorted(REAL))
     ap.add_argument("types", nargs="+", help="K and V cache types")
+    ap.add_argument("--oracle", type=Path, default=ORACLE, help="the oracle folder (default: %(default)s)")
     a = ap.parse_args()
-    folder = ORACLE / "real" / REAL[a.model]
+    if a.oracle is None:
+        ap.error("no shared/oracle folder above this file: give --oracle DIR")
+    folder = a.oracle / "real" / REAL[a.model]
     ref = np.load(folder / "teacher_forced_faoff.npz")
-    runs = json.loads((ORACLE / "real" / "kvquant_summary.json").read_text())["models"][REAL[a.model]]["runs"]
+    runs = json.loads((a.oracle / "real" / "kvquant_summary.json").read_text())["models"][REAL[a.model]][
+        "runs"
+    ]
     model = kvtool.load_model(a.model)
     tokens, offsets = ref["tokens"], ref["offsets"]
     n = len(ref["topk_ids"])
