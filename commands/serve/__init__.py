@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import os
 import signal
 import socket
@@ -22,47 +21,10 @@ import kvtool
 from kvtool.commands import app, common
 from kvtool.commands.common import signals
 from kvtool.commands.common.text import plain
+from kvtool.commands.serve import access_log
 
 err = common.text.lazy_console(stderr=True)
 
-
-class _NotHealth(logging.Filter):
-    """llama-server logs every request but health checks."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        return not (isinstance(args, tuple) and len(args) > 2 and str(args[2]).startswith("/health"))
-
-
-# uvicorn's own lines only from warnings up; one line per request on stderr, llama-server's
-# "request: METHOD PATH ADDRESS STATUS"
-_LOG_CONFIG = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {
-        "default": {"()": "uvicorn.logging.DefaultFormatter", "fmt": "%(levelprefix)s %(message)s"},
-        "access": {
-            "()": "uvicorn.logging.AccessFormatter",
-            "fmt": "serve: request: %(request_line)s %(client_addr)s %(status_code)s",
-            "use_colors": False,
-        },
-    },
-    "filters": {"not_health": {"()": _NotHealth}},
-    "handlers": {
-        "default": {"formatter": "default", "class": "logging.StreamHandler", "stream": "ext://sys.stderr"},
-        "access": {
-            "formatter": "access",
-            "class": "logging.StreamHandler",
-            "stream": "ext://sys.stderr",
-            "filters": ["not_health"],
-        },
-    },
-    "loggers": {
-        "uvicorn": {"handlers": ["default"], "level": "WARNING", "propagate": False},
-        "uvicorn.error": {"level": "WARNING"},
-        "uvicorn.access": {"handlers": ["access"], "level": "INFO", "propagate": False},
-    },
-}
 
 _parallel_range = common.values.bounds(-1, 63)
 
@@ -308,7 +270,7 @@ def serve(
         server = Server(m, loop, params)
         config = uvicorn.Config(
             build_app(server, ROUTES),
-            log_config=_LOG_CONFIG,
+            log_config=access_log.LOG_CONFIG,
             log_level=None,  # the levels are the config's
             access_log=True,
             lifespan="off",
