@@ -46,7 +46,8 @@ class RopeParams:
     _table: list[tuple[torch.Tensor, ...]] = field(default_factory=list, compare=False, repr=False)
 
     def _cos_sin(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # in float64 on the CPU whatever the device, so that every device rotates alike
+        # in float64 on the CPU whatever the device, so that every device rotates alike (ggml's CPU
+        # cache steps from pair to pair in float32: 4e-3 rad apart at 32k, docs/architecture.md)
         half = self.n_rot // 2
         inv = self.base ** (-2.0 * torch.arange(half, dtype=torch.float64) / self.n_rot)
         if self.freq_factors is not None:

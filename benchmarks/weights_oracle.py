@@ -1,0 +1,111 @@
+"""The default weights beside `--weights f32`, each K/V type, against llama.cpp's teacher-forced
+references: its F32 K/V, flash-attention-off run (`real/<model>/teacher_forced_faoff.npz`, what
+`oracle_check.py teacher` compares with) and its default run (`teacher_forced.npz`: flash
+attention on, so F16 K/V), scored as `benchmarks/kv_types_oracle.py` scores (top-1 / top-1 at
+sure positions / mean KL@32 / mean |d top-1 logit|), and llama.cpp's own default run against its
+F32 one (`self_scores`).
+
+    .venv/bin/python benchmarks/weights_oracle.py gemma3-270m [--weights auto,f32] [--cache f32,f16]
+        [--nudges 8]
+
+`--nudges N` decodes each setting N more times with every input embedding value moved one
+float32 ulp up or down at random (seeded), and prints the spread of the F32 reference's scores:
+how far last-bit rounding alone carries through the layers (the quantized activations of the
+default weights amplify it; the float32 weights barely move). The oracle folder is as in
+kv_types_oracle.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+from kv_types_oracle import ORACLE, REAL, scores
+
+import kvtool
+
+
+class Nudged:
+    """A model's token embedding with each value moved one ulp up or down at random."""
+
+    def __init__(self, embedding: object, seed: int) -> None:
+        self.embedding = embedding
+        self.dense = getattr(embedding, "dense", None)
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embedding(ids)  # type: ignore[operator]
+        up = torch.rand(x.shape, generator=self.gen) < 0.5
+        inf = torch.full_like(x, float("inf"))
+        return torch.where(up, torch.nextafter(x, inf), torch.nextafter(x, -inf))
+
+
+def teacher_logits(model: kvtool.Model, ref: np.lib.npyio.NpzFile, cache: str) -> np.ndarray:
+    """Each reference prompt decoded as one batch with every row an output, as llama.cpp did."""
+    tokens, offsets = ref["tokens"], ref["offsets"]
+    rows = []
+    for i in range(len(offsets) - 1):
+        p = kvtool.ContextParams(n_ctx=2048, n_seq_max=1, kv_unified=True, type_k=cache, type_v=cache)
+        ctx = kvtool.Context(model, p)
+        ids = [int(x) for x in tokens[offsets[i] : offsets[i + 1]]]
+        ctx.decode(kvtool.Batch.from_tokens(ids, seq_id=0, pos0=0, logits="all"))
+        rows.append(np.asarray(ctx.logits(), dtype=np.float32))
+    return np.concatenate(rows)
+
+
+def self_scores(on: np.lib.npyio.NpzFile, off: np.lib.npyio.NpzFile) -> tuple[float, float, float, float]:
+    """llama.cpp's default run scored against its F32 one, as `scores` scores kvtool: the default
+    run keeps its top 32 only, so an id of the F32 run's top 32 outside it is placed at its 32nd
+    logit (its true logit is lower: the KL is a lower bound) and its own LSE is used."""
+    ids, logits, lse = off["topk_ids"], off["topk_logits"], off["lse"]
+    top = np.repeat(on["topk_logits"][:, -1:], ids.shape[1], axis=1)
+    for i in range(len(ids)):
+        where = {int(t): j for j, t in enumerate(on["topk_ids"][i])}
+        for j, t in enumerate(ids[i]):
+            if int(t) in where:
+                top[i, j] = on["topk_logits"][i, where[int(t)]]
+    agree = on["topk_ids"][:, 0] == ids[:, 0]
+    sure = logits[:, 0] - logits[:, 1] >= 1.0
+    p_ref, p_got = np.exp(logits - lse[:, None]), np.exp(top - on["lse"][:, None])
+    kl = (p_ref * (np.log(p_ref + 1e-30) - np.log(p_got + 1e-30))).sum(axis=1).mean()
+    d_top1 = np.abs(top[:, 0] - logits[:, 0]).mean()
+    return float(agree.mean()), float(agree[sure].mean()), float(kl), float(d_top1)
+
+
+def line(values: tuple[float, ...]) -> str:
+    return " / ".join(f"{x:.4f}" for x in values)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", choices=sorted(REAL))
+    ap.add_argument("--weights", default="auto,f32", help="weights modes, comma-separated")
+    ap.add_argument("--cache", default="f32,f16", help="K/V cache types, comma-separated")
+    ap.add_argument("--nudges", type=int, default=0, help="runs with the embeddings nudged by one ulp")
+    a = ap.parse_args()
+    folder = ORACLE / "real" / REAL[a.model]
+    off, on = np.load(folder / "teacher_forced_faoff.npz"), np.load(folder / "teacher_forced.npz")
+    print(f"{a.model}, {len(off['topk_ids'])} rows: top-1 / sure / KL@32 / |d top-1|")
+    for weights in a.weights.split(","):
+        model = kvtool.load_model(a.model, weights=weights)
+        for cache in a.cache.split(","):
+            got = teacher_logits(model, off, cache)
+            print(f"kvtool --weights {weights} -ctk/-ctv {cache}: vs F32 FA-off {line(scores(got, off))}"
+                  f"   vs FA-on {line(scores(got, on))}")  # fmt: skip
+            if a.nudges:
+                embedding = model.impl.tok_embd
+                runs = []
+                for seed in range(1, a.nudges + 1):
+                    model.impl.tok_embd = Nudged(embedding, seed)
+                    runs.append(scores(teacher_logits(model, off, cache), off))
+                model.impl.tok_embd = embedding
+                r = np.array(runs)
+                print(f"  {a.nudges} nudged runs vs F32 FA-off: top-1 {r[:, 0].mean():.4f} "
+                      f"({r[:, 0].min():.4f}-{r[:, 0].max():.4f}), |d top-1| {r[:, 3].mean():.3f} "
+                      f"({r[:, 3].min():.3f}-{r[:, 3].max():.3f})")  # fmt: skip
+    print(f"llama.cpp FA-on vs F32 FA-off: {line(self_scores(on, off))}")
+
+
+if __name__ == "__main__":
+    main()
