@@ -41,6 +41,20 @@ def scores(got: np.ndarray, ref: np.lib.npyio.NpzFile) -> tuple[float, float, fl
     return float(agree.mean()), float(agree[sure].mean()), float(kl), float(d_top1)
 
 
+def teacher_logits(model: kvtool.Model, ref: np.lib.npyio.NpzFile, cache: str) -> np.ndarray:
+    """Each of the reference's prompts decoded as one batch with every row an output, as
+    llama.cpp did, with `cache` as the K and V type: the rows of logits, concatenated."""
+    tokens, offsets = ref["tokens"], ref["offsets"]
+    rows = []
+    for i in range(len(offsets) - 1):
+        p = kvtool.ContextParams(n_ctx=2048, n_seq_max=1, kv_unified=True, type_k=cache, type_v=cache)
+        ctx = kvtool.Context(model, p)
+        ids = [int(x) for x in tokens[offsets[i] : offsets[i + 1]]]
+        ctx.decode(kvtool.Batch.from_tokens(ids, seq_id=0, pos0=0, logits="all"))
+        rows.append(np.asarray(ctx.logits(), dtype=np.float32))
+    return np.concatenate(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", choices=sorted(REAL))
@@ -55,18 +69,10 @@ def main() -> None:
         "runs"
     ]
     model = kvtool.load_model(a.model)
-    tokens, offsets = ref["tokens"], ref["offsets"]
     n = len(ref["topk_ids"])
     print(f"{a.model}, {n} rows: top-1 / sure / KL@32 / |d top-1| against llama.cpp's F32 FA-off")
     for t in a.types:
-        rows = []
-        for i in range(len(offsets) - 1):
-            p = kvtool.ContextParams(n_ctx=2048, n_seq_max=1, kv_unified=True, type_k=t, type_v=t)
-            ctx = kvtool.Context(model, p)
-            ids = [int(x) for x in tokens[offsets[i] : offsets[i + 1]]]
-            ctx.decode(kvtool.Batch.from_tokens(ids, seq_id=0, pos0=0, logits="all"))
-            rows.append(np.asarray(ctx.logits(), dtype=np.float32))
-        ours = " / ".join(f"{x:.4f}" for x in scores(np.concatenate(rows), ref))
+        ours = " / ".join(f"{x:.4f}" for x in scores(teacher_logits(model, ref, t), ref))
         r = runs.get(f"kv{t}")
         keys = ("top1_agreement", "top1_agreement_sure_positions", "mean_kl_top32", "mean_abs_d_top1_logit")
         theirs = " / ".join(f"{r[k]:.4f}" for k in keys) if r else "-"

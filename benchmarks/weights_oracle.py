@@ -21,7 +21,7 @@ import argparse
 
 import numpy as np
 import torch
-from kv_types_oracle import ORACLE, REAL, scores
+from kv_types_oracle import ORACLE, REAL, scores, teacher_logits
 
 import kvtool
 
@@ -39,19 +39,6 @@ class Nudged:
         up = torch.rand(x.shape, generator=self.gen) < 0.5
         inf = torch.full_like(x, float("inf"))
         return torch.where(up, torch.nextafter(x, inf), torch.nextafter(x, -inf))
-
-
-def teacher_logits(model: kvtool.Model, ref: np.lib.npyio.NpzFile, cache: str) -> np.ndarray:
-    """Each reference prompt decoded as one batch with every row an output, as llama.cpp did."""
-    tokens, offsets = ref["tokens"], ref["offsets"]
-    rows = []
-    for i in range(len(offsets) - 1):
-        p = kvtool.ContextParams(n_ctx=2048, n_seq_max=1, kv_unified=True, type_k=cache, type_v=cache)
-        ctx = kvtool.Context(model, p)
-        ids = [int(x) for x in tokens[offsets[i] : offsets[i + 1]]]
-        ctx.decode(kvtool.Batch.from_tokens(ids, seq_id=0, pos0=0, logits="all"))
-        rows.append(np.asarray(ctx.logits(), dtype=np.float32))
-    return np.concatenate(rows)
 
 
 def self_scores(on: np.lib.npyio.NpzFile, off: np.lib.npyio.NpzFile) -> tuple[float, float, float, float]:
