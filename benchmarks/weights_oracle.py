@@ -6,18 +6,19 @@ sure positions / mean KL@32 / mean |d top-1 logit|), and llama.cpp's own default
 F32 one (`self_scores`).
 
     .venv/bin/python benchmarks/weights_oracle.py gemma3-270m [--weights auto,f32] [--cache f32,f16]
-        [--nudges 8]
+        [--nudges 8] [--oracle DIR]
 
 `--nudges N` decodes each setting N more times with every input embedding value moved one
 float32 ulp up or down at random (seeded), and prints the spread of the F32 reference's scores:
 how far last-bit rounding alone carries through the layers (the quantized activations of the
-default weights amplify it; the float32 weights barely move). The oracle folder is as in
-kv_types_oracle.py.
+default weights amplify it; the float32 weights barely move). The oracle folder is --oracle DIR,
+else as in kv_types_oracle.py.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -70,8 +71,11 @@ def main() -> None:
     ap.add_argument("--weights", default="auto,f32", help="weights modes, comma-separated")
     ap.add_argument("--cache", default="f32,f16", help="K/V cache types, comma-separated")
     ap.add_argument("--nudges", type=int, default=0, help="runs with the embeddings nudged by one ulp")
+    ap.add_argument("--oracle", type=Path, default=ORACLE, help="the oracle folder (default: %(default)s)")
     a = ap.parse_args()
-    folder = ORACLE / "real" / REAL[a.model]
+    if a.oracle is None:
+        ap.error("no shared/oracle folder above this file: give --oracle DIR")
+    folder = a.oracle / "real" / REAL[a.model]
     off, on = np.load(folder / "teacher_forced_faoff.npz"), np.load(folder / "teacher_forced.npz")
     print(f"{a.model}, {len(off['topk_ids'])} rows: top-1 / sure / KL@32 / |d top-1|")
     for weights in a.weights.split(","):
