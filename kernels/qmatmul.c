@@ -24,6 +24,7 @@
 #include "cpu_pool.h"
 #include "qmatmul_job.h"
 #include "qpanel.h"
+#include "qrows_pair.h"
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define KV_AVX2 1
@@ -68,12 +69,17 @@ const char *kvq_simd(void) {
 
 #define PREFETCH_ROWS 8 /* weight rows ahead that a pass asks memory for */
 
-/* Weight rows [o0, o1) against every activation row, 8, 4, 2 or 1 activation rows a pass: a task
- * of the pool. */
+/* Weight rows [o0, o1) against every activation row, 8, 4, 2 or 1 activation rows a pass (the
+ * pairs of rows in the pair kernel where J has them): a task of the pool. */
 static void matmul_rows(void *ctx, int64_t o0, int64_t o1) {
     const job_t *J = ctx;
     const int64_t nb = J->k / J->f->blck;
-    for (int64_t i0 = 0; i0 < J->n;) {
+    int64_t i0 = 0;
+    if (J->pairs) {
+        kvq_pair_rows(J, J->pairs, o0, o1);
+        i0 = J->n / 2 * 2;
+    }
+    while (i0 < J->n) {
         const int64_t left = J->n - i0;
         const int kind = left >= 8 ? 3 : left >= 4 ? 2 : left >= 2 ? 1 : 0, R = 1 << kind;
         const rows_fn fn = J->f->rows[kind];
@@ -101,6 +107,8 @@ typedef struct {
     int vdt;
     uint8_t *act;
     int64_t act_row;
+    const job_t *J; /* with pairs: a task's two rows are then laid out as a pair */
+    uint8_t *pairs;
     int failed;
 } quant_t;
 
@@ -119,6 +127,7 @@ static void quantize_rows(void *ctx, int64_t i0, int64_t i1) {
         }
         kvq_quantize_row(Q->vdt, xi, Q->act + i * Q->act_row, Q->k);
     }
+    if (Q->pairs && i1 - i0 == 2) kvq_pair_prepare(Q->J, i0 / 2, Q->pairs);
     free(normed);
 }
 
@@ -143,17 +152,26 @@ static int matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, i
     J.n_out = n_out;
     if (n == 0 || n_out == 0) return 0;
     J.act_row = kvq_act_row_bytes(f->vdt, k);
+    const int panels = n >= PANEL_MIN_ROWS && kvq_panels(type);
     uint8_t *act = malloc((size_t)(n * J.act_row));
-    if (!act) return -1;
-    quant_t Q = {.x = x, .ldx = ldx, .k = k, .norm_w = norm_w, .eps = eps, .vdt = f->vdt, .act = act,
-                 .act_row = J.act_row};
-    kv_parallel(quantize_rows, &Q, n, 1);
-    int rc = Q.failed ? -1 : 0;
+    const int paired = !panels && n >= 2 && kvq_pair_format(type);
+    uint8_t *pairs = paired ? malloc((size_t)kvq_pair_bytes(type, n, k)) : NULL;
+    if (!act || (paired && !pairs)) {
+        free(act);
+        free(pairs);
+        return -1;
+    }
     J.act = act;
-    if (rc == 0 && n >= PANEL_MIN_ROWS && kvq_panels(type))
+    quant_t Q = {.x = x, .ldx = ldx, .k = k, .norm_w = norm_w, .eps = eps, .vdt = f->vdt, .act = act,
+                 .act_row = J.act_row, .J = &J, .pairs = pairs};
+    kv_parallel(quantize_rows, &Q, n, pairs ? 2 : 1);
+    int rc = Q.failed ? -1 : 0;
+    J.pairs = pairs;
+    if (rc == 0 && panels)
         rc = kvq_matmul_panels(&J);
     else if (rc == 0)
         kv_parallel(matmul_rows, &J, n_out, 4);
+    free(pairs);
     free(act);
     return rc;
 }

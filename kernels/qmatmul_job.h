@@ -18,6 +18,7 @@ typedef struct {
     int64_t n_out, k, n;
     const uint8_t *act; /* the n activation rows in the format's vec_dot type, act_row bytes apart */
     int64_t act_row;
+    const uint8_t *pairs; /* the first 2 * (n / 2) rows laid out for the pair kernel, or NULL */
     float *y;
     int64_t ldy;
 } job_t;
