@@ -131,6 +131,8 @@ def load(path: Path) -> ctypes.CDLL | None:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         lib.kvq_panels.argtypes = [ctypes.c_int]
         lib.kvq_panels.restype = ctypes.c_int
+        lib.kvq_pair_format.argtypes = [ctypes.c_int]
+        lib.kvq_pair_format.restype = ctypes.c_int
         lib.kvq_matmul_w.argtypes = [ctypes.c_void_p, ptr, i64, i64, ptr]
         lib.kvq_matmul_w.restype = ctypes.c_int
         lib.kvq_matmul_norm.argtypes = [ctypes.c_void_p, ptr, i64, i64, ptr, ptr, ctypes.c_float]

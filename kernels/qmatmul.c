@@ -7,8 +7,8 @@
  * Formats (qformats.h): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, and the low-bit Q2_K, Q3_K,
  * IQ4_XS, IQ4_NL. A row's result is ggml's vec_dot for the format, bit for bit on AVX2 (the
  * low-bit ones: the same integers, scaled per super-block as ggml does), whichever of the row
- * kernels (1, 2, 4 or 8 activation rows at once: qrows_0.c, qrows_k.c, qrows_lowbit.c) computes
- * it; many rows (prompts) take the panel kernel where the build has it for the format
+ * kernels (1, 2, 4 or 8 activation rows at once: qrows_0.c, qrows_k.c, qrows_lowbit.c; with
+ * AVX-512 VNNI two rows a vector for 2 to 32 rows of five formats: qrows_pair*.c) computes it; many rows (prompts) take the panel kernel where the build has it for the format
  * (qpanel.c), whose sums are the same integers added in another order. Portable C elsewhere.
  *
  * Threads: the pool of cpu_pool.c. kernels/cpu_lib.py compiles the kernels for the machine they
