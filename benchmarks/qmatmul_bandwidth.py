@@ -1,7 +1,11 @@
 """Each block format's one-row matmul (a decoded token's kind) in bytes of weights read per second,
 beside the machine's read bandwidth, at each thread count asked for.
 
-    .venv/bin/python benchmarks/qmatmul_bandwidth.py [-t 1,2] [--mib 1024] [-r 5]
+    .venv/bin/python benchmarks/qmatmul_bandwidth.py [-t 1,2] [--mib 1024] [-r 5] [--rows 1]
+
+`--rows 8` multiplies 8 activation rows a matmul instead (batched decode at B = 8: the pair
+kernels of an AVX-512 VNNI build, the 8-row kernels elsewhere), where the arithmetic, not the
+memory, sets the pace: it prints the weights' GB/s the same way.
 
 The weights have the shapes of a 1B model's feed-forward (gate and up [8192, 2048], down
 [2048, 8192]), repeated until they fill `--mib` (far more than the caches), and are multiplied
@@ -50,13 +54,13 @@ def read_bandwidth(mib: int, threads: int, rounds: int) -> float:
     return float(out.stdout)
 
 
-def kernel_bandwidth(qtype: int, mib: int, rounds: int) -> float:
-    """GB/s of weights through the one-row kernel, best of `rounds` passes."""
+def kernel_bandwidth(qtype: int, mib: int, rounds: int, n_rows: int) -> float:
+    """GB/s of weights through the matmul of `n_rows` activation rows, best of `rounds` passes."""
     rng = np.random.default_rng(0)
     per_layer = sum(s[0] * s[1] for s in SHAPES) * qmatmul.BLOCKS[qtype][1] // qmatmul.BLOCKS[qtype][0]
     layers = max(1, (mib << 20) // per_layer)
     weights = [qmatmul.QWeight([blocks(rng, qtype, s)], qtype, [s]) for _ in range(layers) for s in SHAPES]
-    xs = {k: torch.randn(1, k) for k in {s[1] for s in SHAPES}}
+    xs = {k: torch.randn(n_rows, k) for k in {s[1] for s in SHAPES}}
     lib = cpu_lib.lib()
     best = 0.0
     for _ in range(rounds + 1):  # the first pass maps the pages in
@@ -73,6 +77,7 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=1024, help="weights per format, MiB")
     ap.add_argument("-r", "--rounds", type=int, default=5)
     ap.add_argument("--types", default=",".join(NAMES.values()))
+    ap.add_argument("--rows", type=int, default=1, help="activation rows a matmul (batched decode: its B)")
     a = ap.parse_args()
     if not qmatmul.available():
         sys.exit("error: the compiled kernels are not available (no C compiler?)")
@@ -83,8 +88,9 @@ def main() -> None:
         cpu_lib.set_threads(t)
         rows.setdefault("read bandwidth (read_bandwidth.c)", []).append(read_bandwidth(a.mib, t, a.rounds))
         for q in types:
-            rows.setdefault(NAMES[q], []).append(kernel_bandwidth(q, a.mib, a.rounds))
-    print(f"\nGB/s of weights through a one-row matmul, {a.mib} MiB per format, best of {a.rounds}\n")
+            rows.setdefault(NAMES[q], []).append(kernel_bandwidth(q, a.mib, a.rounds, a.rows))
+    what = "a one-row matmul" if a.rows == 1 else f"a matmul of {a.rows} activation rows"
+    print(f"\nGB/s of weights through {what}, {a.mib} MiB per format, best of {a.rounds}\n")
     head = " | ".join(f"{t} thread{'s' if t > 1 else ''}" for t in threads)
     print(f"| kernel | {head} |")
     print("|---|" + "---|" * len(threads))
