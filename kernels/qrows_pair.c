@@ -91,15 +91,18 @@ static inline __attribute__((always_inline)) float weight_scale(int type, const 
 }
 
 /* W weight rows against the P pairs of a group; out[w][2 * P]. */
-static inline __attribute__((always_inline)) void pair_pass(int type, const uint8_t *const *w, int64_t nb,
+static inline __attribute__((always_inline)) void pair_pass(int type, const uint8_t *const *w,
+                                                            const uint8_t *const *ahead, int64_t nb,
                                                             const pair_blk *a, float *out, const int W,
                                                             const int P) {
+    const int64_t bs = type == T_Q4_0 ? sizeof(block_q4_0) : type == T_Q5_0 ? sizeof(block_q5_0) : sizeof(block_q8_0);
     __m512 acc[4][PAIR_GROUP];
     for (int i = 0; i < W; i++)
         for (int p = 0; p < P; p++) acc[i][p] = _mm512_setzero_ps();
     for (int64_t ib = 0; ib < nb; ib++, a += P) {
         __m512i q[4];
         __m512 dw[4];
+        for (int i = 0; ahead && i < W; i++) __builtin_prefetch(ahead[i] + ib * bs); /* spread over the pass */
         for (int i = 0; i < W; i++) {
             q[i] = weight_values(type, w[i], ib);
             dw[i] = _mm512_set1_ps(weight_scale(type, w[i], ib));
@@ -122,14 +125,15 @@ static inline __attribute__((always_inline)) void pair_pass(int type, const uint
 
 /* pass_TYPE_W_P: pair_pass with every count and the type known to the compiler. */
 #define PASS(T, W, P)                                                                                         \
-    static void pass_##T##_##W##_##P(const uint8_t *const *w, int64_t nb, const pair_blk *a, float *out) {    \
-        pair_pass(T, w, nb, a, out, W, P);                                                                   \
+    static void pass_##T##_##W##_##P(const uint8_t *const *w, const uint8_t *const *ahead, int64_t nb,        \
+                                     const pair_blk *a, float *out) {                                        \
+        pair_pass(T, w, ahead, nb, a, out, W, P);                                                            \
     }
 #define PASSES(T) PASS(T, 1, 1) PASS(T, 1, 2) PASS(T, 1, 3) PASS(T, 1, 4) PASS(T, 4, 1) PASS(T, 4, 2) PASS(T, 4, 3) PASS(T, 4, 4)
 PASSES(T_Q4_0)
 PASSES(T_Q5_0)
 PASSES(T_Q8_0)
-typedef void (*pass_fn)(const uint8_t *const *, int64_t, const pair_blk *, float *);
+typedef void (*pass_fn)(const uint8_t *const *, const uint8_t *const *, int64_t, const pair_blk *, float *);
 #define TABLE(T)                                                                                              \
     {{pass_##T##_1_1, pass_##T##_1_2, pass_##T##_1_3, pass_##T##_1_4},                                        \
      {pass_##T##_4_1, pass_##T##_4_2, pass_##T##_4_3, pass_##T##_4_4}}
@@ -148,14 +152,14 @@ void kvq_pair_rows(const job_t *J, const uint8_t *pairs, int64_t o0, int64_t o1)
         const pair_blk *a = group_base((uint8_t *)pairs, nb, g);
         for (int64_t o = o0; o < o1;) {
             const int W = o + 4 <= o1 ? 4 : 1;
-            for (int i = 0; g == 0 && i < W && o + i + PAIR_PREFETCH_ROWS < o1; i++) { /* weights: once a call */
-                const uint8_t *ahead = job_row(J, o + i + PAIR_PREFETCH_ROWS);
-                for (int64_t b = 0; b < J->row_bytes; b += 64) __builtin_prefetch(ahead + b);
+            const uint8_t *w[4], *ahead[4]; /* weights come from memory once a call: the first group asks */
+            const int fetch = g == 0 && o + W - 1 + PAIR_PREFETCH_ROWS < o1;
+            for (int i = 0; i < W; i++) {
+                w[i] = job_row(J, o + i);
+                ahead[i] = fetch ? job_row(J, o + i + PAIR_PREFETCH_ROWS) : NULL;
             }
-            const uint8_t *w[4];
-            for (int i = 0; i < W; i++) w[i] = job_row(J, o + i);
             float out[4 * 2 * PAIR_GROUP];
-            passes[W == 4][P - 1](w, nb, a, out);
+            passes[W == 4][P - 1](w, fetch ? ahead : NULL, nb, a, out);
             for (int i = 0; i < W; i++)
                 for (int r = 0; r < 2 * P; r++) J->y[(g * 2 * PAIR_GROUP + r) * J->ldy + o + i] = out[i * 2 * P + r];
             o += W;

@@ -49,14 +49,16 @@ static inline float hsum4(__m128 m) {
 }
 
 /* A Q4_K weight row against the P pairs of a group: out[2 * P]. */
-static inline __attribute__((always_inline)) void pass_q4_K(const uint8_t *w, int64_t nb, const pair_kblk *a,
-                                                            float *out, const int P) {
+static inline __attribute__((always_inline)) void pass_q4_K(const uint8_t *w, const uint8_t *ahead, int64_t nb,
+                                                            const pair_kblk *a, float *out, const int P) {
     const __m512i m4 = _mm512_set1_epi8(0xF);
     __m512 acc[PAIR_GROUP];
     __m256 acc_m[PAIR_GROUP];
     for (int p = 0; p < P; p++) acc[p] = _mm512_setzero_ps(), acc_m[p] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++, a += P) {
         const block_q4_K *x = (const block_q4_K *)w + i;
+        for (int64_t b = 0; ahead && b < (int64_t)sizeof(block_q4_K); b += 64) /* spread over the pass */
+            __builtin_prefetch(ahead + i * (int64_t)sizeof(block_q4_K) + b);
         const __m512 dw = _mm512_set1_ps(half_to_float(x->d));
         const __m256 dminw = _mm256_set1_ps(half_to_float(x->dmin));
         uint32_t utmp[4];
@@ -98,13 +100,15 @@ static inline __m512i scale_spread(int m) {
 }
 
 /* A Q6_K weight row against the P pairs of a group: out[2 * P]. */
-static inline __attribute__((always_inline)) void pass_q6_K(const uint8_t *w, int64_t nb, const pair_kblk *a,
-                                                            float *out, const int P) {
+static inline __attribute__((always_inline)) void pass_q6_K(const uint8_t *w, const uint8_t *ahead, int64_t nb,
+                                                            const pair_kblk *a, float *out, const int P) {
     const __m512i m3 = _mm512_set1_epi8(3), m15 = _mm512_set1_epi8(15);
     __m512 acc[PAIR_GROUP];
     for (int p = 0; p < P; p++) acc[p] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++, a += P) {
         const block_q6_K *x = (const block_q6_K *)w + i;
+        for (int64_t b = 0; ahead && b < (int64_t)sizeof(block_q6_K); b += 64) /* spread over the pass */
+            __builtin_prefetch(ahead + i * (int64_t)sizeof(block_q6_K) + b);
         const __m512 dw = _mm512_set1_ps(half_to_float(x->d));
         const __m512i scales_16 =
             _mm512_broadcast_i64x4(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales)));
@@ -138,9 +142,11 @@ static inline __attribute__((always_inline)) void pass_q6_K(const uint8_t *w, in
     }
 }
 
-typedef void (*kpass_fn)(const uint8_t *, int64_t, const pair_kblk *, float *);
+typedef void (*kpass_fn)(const uint8_t *, const uint8_t *, int64_t, const pair_kblk *, float *);
 #define KPASS(F, P)                                                                                          \
-    static void F##_##P(const uint8_t *w, int64_t nb, const pair_kblk *a, float *out) { F(w, nb, a, out, P); }
+    static void F##_##P(const uint8_t *w, const uint8_t *ahead, int64_t nb, const pair_kblk *a, float *out) { \
+        F(w, ahead, nb, a, out, P);                                                                          \
+    }
 KPASS(pass_q4_K, 1)
 KPASS(pass_q4_K, 2)
 KPASS(pass_q4_K, 3)
@@ -159,12 +165,9 @@ void kvq_pair_k_rows(const job_t *J, const uint8_t *pairs, int64_t o0, int64_t o
         const int P = (int)pair_group_size(npairs, g);
         const pair_kblk *a = (const pair_kblk *)pairs + g * nb * PAIR_GROUP;
         for (int64_t o = o0; o < o1; o++) {
-            if (g == 0 && o + PAIR_PREFETCH_ROWS < o1) { /* weights come from memory once per call */
-                const uint8_t *ahead = job_row(J, o + PAIR_PREFETCH_ROWS);
-                for (int64_t b = 0; b < J->row_bytes; b += 64) __builtin_prefetch(ahead + b);
-            }
+            const int fetch = g == 0 && o + PAIR_PREFETCH_ROWS < o1; /* weights come from memory once a call */
             float out[2 * PAIR_GROUP];
-            passes[P - 1](job_row(J, o), nb, a, out);
+            passes[P - 1](job_row(J, o), fetch ? job_row(J, o + PAIR_PREFETCH_ROWS) : NULL, nb, a, out);
             for (int r = 0; r < 2 * P; r++) J->y[(g * 2 * PAIR_GROUP + r) * J->ldy + o] = out[r];
         }
     }
