@@ -145,6 +145,7 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=4096, help="tokens in the cache before generating")
     ap.add_argument("--depth-types", default="f16,q8_0", help="K/V types generated at --depth ('' for none)")
     ap.add_argument("--depth-only", action="store_true", help="only the generation at --depth")
+    ap.add_argument("--batched-only", action="store_true", help="only batched-bench's S_TG")
     ap.add_argument(
         "--llama-repack",
         choices=("0", "1"),
@@ -177,7 +178,7 @@ def main() -> None:
             out = run([lb, "-m", gguf, *at_depth, "-ctk", x, "-ctv", x, "-fa", "on", "--repack", "0"])
             row.llama.append(bench_ts(out, 0, 32))
 
-    if deep:
+    if deep and not a.batched_only:
         alternate(a.rounds, kv_deep, ll_deep)
     if a.depth_only:
         print_rows(rows + list(deep.values()), gguf, a)
@@ -202,8 +203,9 @@ def main() -> None:
         progress("llama.cpp pp512", pp.llama)
         progress("llama.cpp tg128", tg.llama)
 
-    alternate(a.rounds, kv_bench, ll_bench)
-    rows += [tg, pp]
+    if not a.batched_only:
+        alternate(a.rounds, kv_bench, ll_bench)
+        rows += [tg, pp]
 
     npl = [int(x) for x in a.npl.split(",")]
     bb = {b: Row(f"batched-bench S_TG t/s, PP 128, TG 128, B = {b}") for b in npl}
@@ -227,6 +229,9 @@ def main() -> None:
 
     alternate(a.rounds, kv_bb, ll_bb)
     rows += list(bb.values())
+    if a.batched_only:
+        print_rows(rows, gguf, a)
+        return
 
     if not a.skip_parallel:
         par = Row("parallel -np 8 -ns 32 -n 64, total t/s")
