@@ -156,7 +156,7 @@ def main() -> None:
 
     gguf = run([*KVTOOL, "models", "path", a.model]).strip() if not a.model.endswith(".gguf") else a.model
     lb, lbb = (find_tool(a.build, n) for n in ("llama-bench", "llama-batched-bench"))
-    lp = "" if a.skip_parallel else find_tool(a.build, "llama-parallel")
+    lp = "" if a.skip_parallel or a.batched_only else find_tool(a.build, "llama-parallel")
     t = str(a.threads)
     kv = ["-ctk", a.cache_type, "-ctv", a.cache_type]  # both tools store the same K/V bytes
     no_repack = ["-nr"] if a.llama_repack == "0" else []
