@@ -40,6 +40,23 @@ static inline __m256i dot_u8_i8(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 #endif
 }
+/* A Q6_K super-block's 256 unsigned values (q + 32), 32 a vector in ggml's order (its AVX2 vec_dot). */
+static inline void q6_K_values(const block_q6_K *x, __m256i q[8]) {
+    const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
+    for (int j = 0; j < 2; j++) {
+        const __m256i b1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * j));
+        const __m256i b2 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * j + 32));
+        const __m256i bh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * j));
+        const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(bh, m3), 4);
+        const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(bh, _mm256_set1_epi8(12)), 2);
+        const __m256i h2 = _mm256_and_si256(bh, _mm256_set1_epi8(48));
+        const __m256i h3 = _mm256_srli_epi16(_mm256_and_si256(bh, _mm256_set1_epi8(-64)), 2);
+        q[4 * j] = _mm256_or_si256(_mm256_and_si256(b1, m15), h0);
+        q[4 * j + 1] = _mm256_or_si256(_mm256_and_si256(b2, m15), h1);
+        q[4 * j + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m15), h2);
+        q[4 * j + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m15), h3);
+    }
+}
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>
 #define KV_NEON 1

@@ -123,7 +123,6 @@ static inline __attribute__((always_inline)) void rows_q45_K(int type, const uin
 static inline __attribute__((always_inline)) void rows_q6_K(int type, const uint8_t *w, int64_t nb,
                                                             const uint8_t *const *act, float *out, const int R) {
     (void)type;
-    const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
     __m256 acc[8];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
@@ -132,21 +131,8 @@ static inline __attribute__((always_inline)) void rows_q6_K(int type, const uint
         const __m128i scales = _mm_loadu_si128((const __m128i *)x->scales);
         const __m256i scales_16 = _mm256_cvtepi8_epi16(scales);
         __m256i q[8], sc[8];
-        for (int j = 0; j < 2; j++) {
-            const __m256i b1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * j));
-            const __m256i b2 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * j + 32));
-            const __m256i bh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * j));
-            const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(bh, m3), 4);
-            const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(bh, _mm256_set1_epi8(12)), 2);
-            const __m256i h2 = _mm256_and_si256(bh, _mm256_set1_epi8(48));
-            const __m256i h3 = _mm256_srli_epi16(_mm256_and_si256(bh, _mm256_set1_epi8(-64)), 2);
-            q[4 * j] = _mm256_or_si256(_mm256_and_si256(b1, m15), h0);
-            q[4 * j + 1] = _mm256_or_si256(_mm256_and_si256(b2, m15), h1);
-            q[4 * j + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m15), h2);
-            q[4 * j + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b2, 4), m15), h3);
-            for (int k = 0; k < 4; k++)
-                sc[4 * j + k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_shuffle_16(4 * j + k)));
-        }
+        q6_K_values(x, q);
+        for (int m = 0; m < 8; m++) sc[m] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, scale_shuffle_16(m)));
         for (int r = 0; r < R; r++) {
             const block_q8_K *y = (const block_q8_K *)act[r] + i;
             const float d = y->d * dw;

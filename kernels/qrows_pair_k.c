@@ -9,6 +9,7 @@
 
 #include "cpu_half.h"
 #include "qformats.h"
+#include "qrows.h"
 #include "qrows_pair.h"
 
 #if defined(KV_PAIR_KERNELS)
@@ -102,7 +103,6 @@ static inline __m512i scale_spread(int m) {
 /* A Q6_K weight row against the P pairs of a group: out[2 * P]. */
 static inline __attribute__((always_inline)) void pass_q6_K(const uint8_t *w, const uint8_t *ahead, int64_t nb,
                                                             const pair_kblk *a, float *out, const int P) {
-    const __m512i m3 = _mm512_set1_epi8(3), m15 = _mm512_set1_epi8(15);
     __m512 acc[PAIR_GROUP];
     for (int p = 0; p < P; p++) acc[p] = _mm512_setzero_ps();
     for (int64_t i = 0; i < nb; i++, a += P) {
@@ -112,20 +112,10 @@ static inline __attribute__((always_inline)) void pass_q6_K(const uint8_t *w, co
         const __m512 dw = _mm512_set1_ps(half_to_float(x->d));
         const __m512i scales_16 =
             _mm512_broadcast_i64x4(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales)));
+        __m256i q256[8];
+        q6_K_values(x, q256);
         __m512i q[8], sc[8];
-        for (int j = 0; j < 2; j++) {
-            const __m512i b1 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->ql + 64 * j)));
-            const __m512i b2 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->ql + 64 * j + 32)));
-            const __m512i bh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->qh + 32 * j)));
-            const __m512i h0 = _mm512_slli_epi16(_mm512_and_si512(bh, m3), 4);
-            const __m512i h1 = _mm512_slli_epi16(_mm512_and_si512(bh, _mm512_set1_epi8(12)), 2);
-            const __m512i h2 = _mm512_and_si512(bh, _mm512_set1_epi8(48));
-            const __m512i h3 = _mm512_srli_epi16(_mm512_and_si512(bh, _mm512_set1_epi8(-64)), 2);
-            q[4 * j] = _mm512_or_si512(_mm512_and_si512(b1, m15), h0);
-            q[4 * j + 1] = _mm512_or_si512(_mm512_and_si512(b2, m15), h1);
-            q[4 * j + 2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b1, 4), m15), h2);
-            q[4 * j + 3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b2, 4), m15), h3);
-        }
+        for (int m = 0; m < 8; m++) q[m] = _mm512_broadcast_i64x4(q256[m]);
         for (int m = 0; m < 8; m++) sc[m] = _mm512_permutexvar_epi16(scale_spread(m), scales_16);
         for (int p = 0; p < P; p++) {
             const __m512i q8sclsub = _mm512_slli_epi32(_mm512_madd_epi16(_mm512_loadu_si512(a[p].bsums), scales_16), 5);
