@@ -98,7 +98,9 @@ static void matmul_rows(void *ctx, int64_t o0, int64_t o1) {
     }
 }
 
-/* Quantizing the activation rows (RMS-normed first where norm_w is given): a task of the pool. */
+/* Quantizing the activation rows (RMS-normed first where norm_w is given): a task of the pool,
+ * whose items are rows, or with pairs the units of two rows [2u, 2u + 2) that it then lays out as
+ * pair u (the pool's chunks may be any size: a pair is never split between tasks). */
 typedef struct {
     const float *x;
     int64_t ldx, k;
@@ -107,13 +109,14 @@ typedef struct {
     int vdt;
     uint8_t *act;
     int64_t act_row;
-    const job_t *J; /* with pairs: a task's two rows are then laid out as a pair */
+    const job_t *J;
     uint8_t *pairs;
     int failed;
 } quant_t;
 
-static void quantize_rows(void *ctx, int64_t i0, int64_t i1) {
+static void quantize_rows(void *ctx, int64_t u0, int64_t u1) {
     quant_t *Q = ctx;
+    const int64_t unit = Q->pairs ? 2 : 1, i0 = u0 * unit, i1 = u1 * unit < Q->J->n ? u1 * unit : Q->J->n;
     float *normed = Q->norm_w ? malloc(sizeof(float) * (size_t)Q->k) : NULL;
     if (Q->norm_w && !normed) {
         Q->failed = 1; /* only ever set: a benign race */
@@ -127,7 +130,7 @@ static void quantize_rows(void *ctx, int64_t i0, int64_t i1) {
         }
         kvq_quantize_row(Q->vdt, xi, Q->act + i * Q->act_row, Q->k);
     }
-    if (Q->pairs && i1 - i0 == 2) kvq_pair_prepare(Q->J, i0 / 2, Q->pairs);
+    for (int64_t u = u0; Q->pairs && u < u1 && 2 * u + 1 < Q->J->n; u++) kvq_pair_prepare(Q->J, u, Q->pairs);
     free(normed);
 }
 
@@ -164,7 +167,7 @@ static int matmul(int type, const uint8_t *const *ws, const int64_t *seg_rows, i
     J.act = act;
     quant_t Q = {.x = x, .ldx = ldx, .k = k, .norm_w = norm_w, .eps = eps, .vdt = f->vdt, .act = act,
                  .act_row = J.act_row, .J = &J, .pairs = pairs};
-    kv_parallel(quantize_rows, &Q, n, pairs ? 2 : 1);
+    kv_parallel(quantize_rows, &Q, pairs ? (n + 1) / 2 : n, 1);
     int rc = Q.failed ? -1 : 0;
     J.pairs = pairs;
     if (rc == 0 && panels)

@@ -69,19 +69,27 @@ def test_a_row_gives_the_same_bits_alone_or_among_others(lib: ctypes.CDLL, qtype
 
 
 @pytest.mark.parametrize("qtype", [Q4_0, Q5_0, Q8_0, Q4_K, Q6_K])
-@pytest.mark.parametrize("n", [2, 6, 32])
-def test_pairs_of_rows_give_each_row_its_bits_alone(lib: ctypes.CDLL, qtype: int, n: int) -> None:
+@pytest.mark.parametrize("n", [2, 6, 27, 32])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_pairs_of_rows_give_each_row_its_bits_alone(
+    lib: ctypes.CDLL, qtype: int, n: int, threads: int
+) -> None:
     """On AVX-512 VNNI, 2 to 32 rows go two a vector through the pair kernels (qrows_pair.c), in
     groups of up to 4 pairs, 4 weight rows a pass for the 32-element formats: stacked weights of
-    13 and 22 rows straddle the passes. Each row keeps the one-row kernel's bits."""
+    13 and 22 rows straddle the passes, and the pool's chunks of the quantization hold several
+    pairs at one thread. Each row keeps the one-row kernel's bits."""
     k = 512
     shapes = [(13, k), (22, k)]
     w = qmatmul.QWeight([weight(qtype, s[0], k, 20 + i) for i, s in enumerate(shapes)], qtype, shapes)
     x = torch.randn(n, k) * torch.logspace(-2, 1, k)
     x[n - 1, 32:64] = 0.0  # an all-zero block: scale 0
-    together = w(x, lib)
-    for i in range(n):
-        assert torch.equal(w(x[i : i + 1], lib)[0], together[i]), i
+    lib.kvq_set_threads(threads)
+    try:
+        together = w(x, lib)
+        for i in range(n):
+            assert torch.equal(w(x[i : i + 1], lib)[0], together[i]), i
+    finally:
+        lib.kvq_set_threads(torch.get_num_threads())
 
 
 def test_avx512_vnni_builds_have_the_pair_kernels(lib: ctypes.CDLL) -> None:
