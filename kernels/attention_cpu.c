@@ -20,11 +20,15 @@
 #include "cpu_half.h"
 #include "cpu_kernels.h"
 #include "cpu_pool.h"
+#include "expf_libm.h"
 #include "kv_blocks.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define KV_AVX2 1
+#if defined(__AVX512F__)
+#define KV_AVX512 1 /* a quantized V's online sum 16 columns to a register */
+#endif
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>
 #define KV_NEON 1
@@ -136,16 +140,84 @@ static inline void prefetch_row(const uint8_t *p, int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
 }
 
-/* sc[c] = scale * q . k[c] (soft-capped where A asks) + m[c] for the keys the mask shows (-inf
- * for the others); returns the largest score. K of `type` (a constant in each inlined copy). */
+/* The score of key c (soft-capped where A asks, m the mask's value, not -inf). */
+static inline __attribute__((always_inline)) float score1(const attn_t *A, const float *q, const qrow_t *Q,
+                                                          const uint8_t *krow, float m, const int type) {
+    const float dot = kv_quantized(type) ? kvb_dot_q(krow, type, Q->q, Q->d, Q->s, A->D) : dot_row(q, krow, type, A->D);
+    if (A->softcap == 0.0f) return dot * A->scale + m;
+    if (kv_quantized(A->v_type)) /* ggml's flash attention (online_sum): the scale divided by the cap first */
+        return A->softcap * tanhf(dot * (A->scale / A->softcap)) + m;
+    /* llama.cpp's graph without flash attention: scale, times 1 / cap, tanh, times cap */
+    return tanhf(dot * A->scale * (1.0f / A->softcap)) * A->softcap + m;
+}
+
+#ifdef KV_AVX2
+/* hsum of each of a[0 .. 8), lane k from a[k]: the additions of hsum in its pairing, so a key's
+ * score has the same bits here as alone. */
+static inline __m256 hsum_each8(const __m256 *a) {
+    __m256 b[4];
+    for (int i = 0; i < 4; i++) /* lanes j and j + 4 of a[2i] (low half), of a[2i + 1] (high half) */
+        b[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
+    /* then lanes 0 + 2 and 1 + 3 of each */
+    const __m256 c0 = _mm256_add_ps(_mm256_shuffle_ps(b[0], b[1], 0x44), _mm256_shuffle_ps(b[0], b[1], 0xEE));
+    const __m256 c1 = _mm256_add_ps(_mm256_shuffle_ps(b[2], b[3], 0x44), _mm256_shuffle_ps(b[2], b[3], 0xEE));
+    /* then their sum: a[0], a[2], a[4], a[6], a[1], a[3], a[5], a[7] */
+    const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(c0, c1, 0x88), _mm256_shuffle_ps(c0, c1, 0xDD));
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* Scores of keys c .. c + 7 of a quantized K, all shown by the mask (m8), no soft cap: eight
+ * rows' lanes summed at once (hsum_each8), then scale and mask as score1. */
+static inline __attribute__((always_inline)) __m256 scores8(const attn_t *A, const qrow_t *Q, const uint8_t *k,
+                                                            int64_t kstride, __m256 m8, const int type) {
+    __m256 lanes[8];
+    float tail[8], summs[8];
+    for (int j = 0; j < 8; j++)
+        lanes[j] = kvb_dot_q_lanes(k + j * kstride, type, Q->q, Q->d, Q->s, A->D, tail + j, summs + j);
+    const __m256 dot = _mm256_add_ps(_mm256_add_ps(hsum_each8(lanes), _mm256_loadu_ps(tail)), _mm256_loadu_ps(summs));
+    return _mm256_add_ps(_mm256_mul_ps(dot, _mm256_set1_ps(A->scale)), m8);
+}
+#endif
+
+/* sc[c] = score1 for the keys the mask shows (-inf for the others, not read); returns the
+ * largest score. K of `type` (a constant in each inlined copy). */
 static inline __attribute__((always_inline)) float scores_of_type(const attn_t *A, const float *q, const qrow_t *Q,
                                                                   const uint8_t *kb, const uint8_t *vb,
                                                                   const float *m, float *sc, const int type) {
     const int64_t kstride = A->sk_c * elem_size(type), vstride = A->sv_c * elem_size(A->v_type);
     const int64_t kbytes = kv_row_bytes(type, A->D), vbytes = kv_row_bytes(A->v_type, A->Dv);
-    const int fa = kv_quantized(A->v_type); /* computed as ggml's flash attention (online_quant) */
     float mx = -INFINITY;
-    for (int64_t c = 0; c < A->n_kv; c++) {
+    int64_t c = 0;
+#ifdef KV_AVX2
+    if (kv_quantized(type) && A->softcap == 0.0f) { /* eight keys at a time where all eight are shown */
+        const __m256 ninf = _mm256_set1_ps(-INFINITY);
+        __m256 mx8 = ninf;
+        for (; c + 8 <= A->n_kv; c += 8) {
+            for (int64_t j = c + KV_AHEAD; j < c + KV_AHEAD + 8 && j < A->n_kv; j++) {
+                prefetch_row(kb + j * kstride, kbytes); /* V too: the weighted sum reads it next */
+                prefetch_row(vb + j * vstride, vbytes);
+            }
+            const __m256 m8 = _mm256_loadu_ps(m + c);
+            const int hidden = _mm256_movemask_ps(_mm256_cmp_ps(m8, ninf, _CMP_EQ_OQ));
+            if (hidden == 0) {
+                const __m256 s8 = scores8(A, Q, kb + c * kstride, kstride, m8, type);
+                _mm256_storeu_ps(sc + c, s8);
+                mx8 = _mm256_max_ps(mx8, s8);
+                continue;
+            }
+            for (int64_t j = c; j < c + 8; j++) {
+                sc[j] = m[j] == -INFINITY ? -INFINITY : score1(A, q, Q, kb + j * kstride, m[j], type);
+                if (sc[j] > mx) mx = sc[j];
+            }
+        }
+        float top[8];
+        _mm256_storeu_ps(top, mx8);
+        for (int j = 0; j < 8; j++)
+            if (top[j] > mx) mx = top[j];
+    }
+#endif
+    for (; c < A->n_kv; c++) {
         if (c + KV_AHEAD < A->n_kv) { /* V too: the weighted sum reads it next */
             prefetch_row(kb + (c + KV_AHEAD) * kstride, kbytes);
             prefetch_row(vb + (c + KV_AHEAD) * vstride, vbytes);
@@ -154,14 +226,7 @@ static inline __attribute__((always_inline)) float scores_of_type(const attn_t *
             sc[c] = -INFINITY;
             continue;
         }
-        const float dot = kv_quantized(type) ? kvb_dot_q(kb + c * kstride, type, Q->q, Q->d, Q->s, A->D)
-                                             : dot_row(q, kb + c * kstride, type, A->D);
-        if (A->softcap == 0.0f)
-            sc[c] = dot * A->scale + m[c];
-        else if (fa) /* ggml's flash attention: the scale divided by the cap first */
-            sc[c] = A->softcap * tanhf(dot * (A->scale / A->softcap)) + m[c];
-        else /* llama.cpp's graph without flash attention: scale, times 1 / cap, tanh, times cap */
-            sc[c] = tanhf(dot * A->scale * (1.0f / A->softcap)) * A->softcap + m[c];
+        sc[c] = score1(A, q, Q, kb + c * kstride, m[c], type);
         if (sc[c] > mx) mx = sc[c];
     }
     return mx;
@@ -306,53 +371,161 @@ static void weighted_sum(const attn_t *A, float *o, const float *w, const uint8_
 /* The weights of ggml's CPU flash attention (llama.cpp needs it for a quantized V): keys in
  * order with a running maximum M; at key c the output so far is scaled by ms[c] (expf(Mold - M)
  * on a new maximum, else 1) and gets v[c] times vs[c] (1 on a new maximum, else expf(s - M));
- * hidden keys: ms 1, vs 0. ms may be sc (each score is read before its ms is written). Returns
- * the sum S, accumulated as ggml's (S = S * ms + vs). */
+ * hidden keys: ms 1, vs 0. This is one key's step. */
+static inline void online_key(float s, float *M, float *ms, float *vs) {
+    if (s == -INFINITY) {
+        *ms = 1.0f, *vs = 0.0f;
+    } else if (s > *M) {
+        *ms = expf(*M - s), *vs = 1.0f;
+        *M = s;
+    } else {
+        *ms = 1.0f, *vs = expf(s - *M);
+    }
+}
+
+#ifndef KV_AVX2
+/* online_key over the n keys; ms may be sc (each score is read before its ms is written).
+ * Returns the sum S, accumulated as ggml's (S = S * ms + vs). */
 static float online_weights(const float *sc, int64_t n, float *ms, float *vs) {
     float M = -INFINITY, S = 0.0f;
     for (int64_t c = 0; c < n; c++) {
-        const float s = sc[c];
-        if (s == -INFINITY) {
-            ms[c] = 1.0f, vs[c] = 0.0f;
-            continue;
-        }
-        if (s > M) {
-            ms[c] = expf(M - s), vs[c] = 1.0f;
-            M = s;
-        } else {
-            ms[c] = 1.0f, vs[c] = expf(s - M);
-        }
+        online_key(sc[c], &M, ms + c, vs + c);
         S = S * ms[c] + vs[c];
     }
     return S;
 }
+#endif
+
+#ifdef KV_AVX2
+/* x with its lanes moved up by k (lane i gets lane i - k), -inf into the first k. */
+static inline __m256 lanes_up(__m256 x, const int k) {
+    const __m256i idx = k == 1 ? _mm256_setr_epi32(0, 0, 1, 2, 3, 4, 5, 6)
+                        : k == 2 ? _mm256_setr_epi32(0, 0, 0, 1, 2, 3, 4, 5)
+                                 : _mm256_setr_epi32(0, 0, 0, 0, 0, 1, 2, 3);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), p = _mm256_permutevar8x32_ps(x, idx);
+    return k == 1 ? _mm256_blend_ps(p, ninf, 0x01) : k == 2 ? _mm256_blend_ps(p, ninf, 0x03) : _mm256_blend_ps(p, ninf, 0x0F);
+}
+
+/* online_weights' ms and vs, 8 keys at a time: M before key c is the running maximum of the
+ * scores before it (a scan), so every key's expf is known at once: expf(-|s - M|) is ms on a
+ * new maximum (expf(M - s)) and vs otherwise (expf(s - M)); expf_libm8 has libm's bits. The sum
+ * S is left to sum_online, which adds it in ggml's order. ms may be sc. */
+static void online_weights8(const float *sc, int64_t n, float *ms, float *vs) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    __m256 carry = ninf; /* the maximum so far, in every lane */
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        const __m256 s = _mm256_loadu_ps(sc + c);
+        __m256 t = _mm256_max_ps(s, lanes_up(s, 1));
+        t = _mm256_max_ps(t, lanes_up(t, 2));
+        t = _mm256_max_ps(t, lanes_up(t, 4)); /* lane i: the maximum of lanes 0 .. i */
+        const __m256 M = _mm256_max_ps(lanes_up(t, 1), carry);
+        carry = _mm256_permutevar8x32_ps(_mm256_max_ps(t, carry), _mm256_set1_epi32(7));
+        const __m256 e = expf_libm8(_mm256_or_ps(_mm256_sub_ps(s, M), sign)); /* -|s - M| */
+        const __m256 fresh = _mm256_cmp_ps(s, M, _CMP_GT_OQ), hidden = _mm256_cmp_ps(s, ninf, _CMP_EQ_OQ);
+        _mm256_storeu_ps(ms + c, _mm256_blendv_ps(_mm256_blendv_ps(one, e, fresh), one, hidden));
+        _mm256_storeu_ps(vs + c, _mm256_andnot_ps(hidden, _mm256_blendv_ps(e, one, fresh)));
+    }
+    float M = _mm256_cvtss_f32(carry);
+    for (; c < n; c++) online_key(sc[c], &M, ms + c, vs + c); /* the last keys one by one */
+}
+
+/* Columns [32 b0, 32 (b0 + nblk)) of ggml's online steps (see sum_online), kept in registers
+ * over all keys; returns S, the sum of the weights accumulated as ggml's: S = S * ms + vs (keys
+ * with vs 0 add nothing, and S * 1 is S). nblk is a constant in each inlined copy. */
+static inline __attribute__((always_inline)) float online_cols(float *o, const float *ms, const float *vs,
+                                                                const uint8_t *v, int64_t stride, int64_t n,
+                                                                int type, int64_t b0, const int nblk) {
+    __m256 a[8];
+    for (int r = 0; r < 4 * nblk; r++) a[r] = _mm256_setzero_ps();
+    float S = 0.0f;
+    for (int64_t c = 0; c < n; c++) {
+        if (vs[c] == 0.0f) continue; /* hidden (or a weight that underflowed: adds nothing) */
+        if (ms[c] != 1.0f) {
+            const __m256 m8 = _mm256_set1_ps(ms[c]);
+            for (int r = 0; r < 4 * nblk; r++) a[r] = _mm256_mul_ps(a[r], m8);
+            S *= ms[c];
+        }
+        S += vs[c];
+        add_blocks(a, vs[c], v + c * stride, b0, nblk, type);
+    }
+    for (int r = 0; r < 4 * nblk; r++) _mm256_storeu_ps(o + b0 * KV_QK + 8 * r, a[r]);
+    return S;
+}
+#endif
+
+#ifdef KV_AVX512
+/* online_cols with 16 columns to a register, 4 blocks (128 columns) at a time: the same
+ * operations on each value (d q, + m, then fused with the weight), half the instructions. */
+static inline __attribute__((always_inline)) float online_cols16(float *o, const float *ms, const float *vs,
+                                                                  const uint8_t *v, int64_t stride, int64_t n,
+                                                                  int type, int64_t b0, const int nblk) {
+    const int bb = kv_unit_bytes(type);
+    __m512 a[8];
+    for (int r = 0; r < 2 * nblk; r++) a[r] = _mm512_setzero_ps();
+    float S = 0.0f;
+    for (int64_t c = 0; c < n; c++) {
+        if (vs[c] == 0.0f) continue; /* hidden (or a weight that underflowed: adds nothing) */
+        if (ms[c] != 1.0f) {
+            const __m512 m16 = _mm512_set1_ps(ms[c]);
+            for (int r = 0; r < 2 * nblk; r++) a[r] = _mm512_mul_ps(a[r], m16);
+            S *= ms[c];
+        }
+        S += vs[c];
+        const __m512 w = _mm512_set1_ps(vs[c]);
+        for (int k = 0; k < nblk; k++) {
+            const uint8_t *blk = v + c * stride + (b0 + k) * bb;
+            __m128i lo, hi;
+            if (type == KV_Q8_0) {
+                lo = _mm_loadu_si128((const __m128i *)(blk + 2)), hi = _mm_loadu_si128((const __m128i *)(blk + 18));
+            } else {
+                const __m256i ints = kvb_decode8(blk, type);
+                lo = _mm256_castsi256_si128(ints), hi = _mm256_extracti128_si256(ints, 1);
+            }
+            const __m512 d = _mm512_set1_ps(kvb_half(blk));
+            __m512 x0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d);
+            __m512 x1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d);
+            if (kv_affine(type)) {
+                const __m512 m = _mm512_set1_ps(kvb_half(blk + 2));
+                x0 = _mm512_add_ps(x0, m), x1 = _mm512_add_ps(x1, m);
+            }
+            a[2 * k] = _mm512_fmadd_ps(w, x0, a[2 * k]);
+            a[2 * k + 1] = _mm512_fmadd_ps(w, x1, a[2 * k + 1]);
+        }
+    }
+    for (int r = 0; r < 2 * nblk; r++) _mm512_storeu_ps(o + b0 * KV_QK + 16 * r, a[r]);
+    return S;
+}
+#endif
 
 /* o = sum over keys of ggml's online steps (o = o * ms[c], then o = fma(v[c], vs[c], o), each V
  * value d q (+ m) as its to_float gives it), then o / S: the roundings of ggml's loop, so a later
  * layer that quantizes this output rounds as llama.cpp's does (a two-pass softmax differs in the
  * last bits, enough to flip a q8_0 step). 64 columns at a time kept in registers over all keys
  * (no row is dequantized into memory). */
-static inline __attribute__((always_inline)) void sum_online(float *o, const float *ms, const float *vs,
-                                                              const uint8_t *v, int64_t stride, int64_t n,
-                                                              int type, int64_t Dv, float S) {
+static inline __attribute__((always_inline)) void sum_online(float *o, float *sc, float *w, const uint8_t *v,
+                                                              int64_t stride, int64_t n, int type, int64_t Dv) {
     const int64_t nb = Dv / KV_QK;
+    float S = 0.0f;
 #ifdef KV_AVX2
-    for (int64_t b0 = 0; b0 < nb; b0 += 2) {
-        const int nblk = b0 + 1 < nb ? 2 : 1;
-        __m256 a[8];
-        for (int r = 0; r < 8; r++) a[r] = _mm256_setzero_ps();
-        for (int64_t c = 0; c < n; c++) {
-            if (vs[c] == 0.0f) continue; /* hidden (or a weight that underflowed: adds nothing) */
-            if (ms[c] != 1.0f) {
-                const __m256 m8 = _mm256_set1_ps(ms[c]);
-                for (int r = 0; r < 4 * nblk; r++) a[r] = _mm256_mul_ps(a[r], m8);
-            }
-            if (nblk == 2) add_blocks(a, vs[c], v + c * stride, b0, 2, type);
-            else add_blocks(a, vs[c], v + c * stride, b0, 1, type);
+    float *ms = sc, *vs = w;
+    online_weights8(sc, n, ms, vs);
+#ifdef KV_AVX512
+    for (int64_t b0 = 0; b0 < nb; b0 += 4) {
+        switch (nb - b0 < 4 ? nb - b0 : 4) {
+        case 1: S = online_cols16(o, ms, vs, v, stride, n, type, b0, 1); break;
+        case 2: S = online_cols16(o, ms, vs, v, stride, n, type, b0, 2); break;
+        case 3: S = online_cols16(o, ms, vs, v, stride, n, type, b0, 3); break;
+        default: S = online_cols16(o, ms, vs, v, stride, n, type, b0, 4); break;
         }
-        for (int r = 0; r < 4 * nblk; r++) _mm256_storeu_ps(o + b0 * KV_QK + 8 * r, a[r]);
     }
 #else
+    for (int64_t b0 = 0; b0 < nb; b0 += 2)
+        S = b0 + 1 < nb ? online_cols(o, ms, vs, v, stride, n, type, b0, 2) : online_cols(o, ms, vs, v, stride, n, type, b0, 1);
+#endif
+#else
+    float *ms = sc, *vs = w;
+    S = online_weights(sc, n, ms, vs);
     const int bb = kv_unit_bytes(type);
     int8_t q[KV_QK];
     for (int64_t c = 0; c < n; c++) {
@@ -375,14 +548,13 @@ static inline __attribute__((always_inline)) void sum_online(float *o, const flo
 
 static void online_sum(const attn_t *A, float *o, float *sc, float *w, const uint8_t *vb) {
     const int64_t stride = A->sv_c, n = A->n_kv, Dv = A->Dv;
-    const float S = online_weights(sc, n, sc, w);
     switch (A->v_type) {
-    case KV_Q8_0: sum_online(o, sc, w, vb, stride, n, KV_Q8_0, Dv, S); break;
-    case KV_Q4_0: sum_online(o, sc, w, vb, stride, n, KV_Q4_0, Dv, S); break;
-    case KV_Q4_1: sum_online(o, sc, w, vb, stride, n, KV_Q4_1, Dv, S); break;
-    case KV_Q5_0: sum_online(o, sc, w, vb, stride, n, KV_Q5_0, Dv, S); break;
-    case KV_Q5_1: sum_online(o, sc, w, vb, stride, n, KV_Q5_1, Dv, S); break;
-    default: sum_online(o, sc, w, vb, stride, n, KV_IQ4_NL, Dv, S); break;
+    case KV_Q8_0: sum_online(o, sc, w, vb, stride, n, KV_Q8_0, Dv); break;
+    case KV_Q4_0: sum_online(o, sc, w, vb, stride, n, KV_Q4_0, Dv); break;
+    case KV_Q4_1: sum_online(o, sc, w, vb, stride, n, KV_Q4_1, Dv); break;
+    case KV_Q5_0: sum_online(o, sc, w, vb, stride, n, KV_Q5_0, Dv); break;
+    case KV_Q5_1: sum_online(o, sc, w, vb, stride, n, KV_Q5_1, Dv); break;
+    default: sum_online(o, sc, w, vb, stride, n, KV_IQ4_NL, Dv); break;
     }
 }
 

@@ -150,16 +150,19 @@ static inline void kvb_quantize_q(const float *x, int64_t n, int8_t *q, float *d
     }
 }
 
-/* A query quantized by kvb_quantize_q dotted with one key row of `type` (n values). */
-static inline __attribute__((always_inline)) float kvb_dot_q(const uint8_t *k, int type, const int8_t *q,
-                                                              const float *d, const float *s, int64_t n) {
-    const int bb = kv_unit_bytes(type);
-    float summs = 0.0f;
 #ifdef KVB_AVX2
+/* kvb_dot_q before its last additions: the 8 lanes whose sum (hsum) it is, the odd last block
+ * of an iq4_nl row (ggml's scalar code, d * integer sum) in *tail and an affine K's minimums
+ * times the query's block sums in *summs (0 where the type has none): the dot product is
+ * hsum(lanes) + *tail + *summs. */
+static inline __attribute__((always_inline)) __m256 kvb_dot_q_lanes(const uint8_t *k, int type, const int8_t *q,
+                                                                     const float *d, const float *s, int64_t n,
+                                                                     float *tail, float *summs) {
+    const int bb = kv_unit_bytes(type);
     /* ggml's iq4_nl code alternates two accumulators over the blocks; the others keep one */
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     const int64_t nb = n / KV_QK;
-    float tail = 0.0f; /* ggml's iq4_nl: an odd last block in scalar code, d * (integer sum) */
+    *tail = 0.0f, *summs = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *kb = k + b * bb;
         if (type == KV_IQ4_NL && (nb & 1) && b == nb - 1) {
@@ -168,17 +171,28 @@ static inline __attribute__((always_inline)) float kvb_dot_q(const uint8_t *k, i
             kvb_decode(kb, type, kq, &dk, &mk);
             int isum = 0;
             for (int j = 0; j < KV_QK; j++) isum += kq[j] * q[b * KV_QK + j];
-            tail += d[b] * dk * (float)isum;
+            *tail += d[b] * dk * (float)isum;
             continue;
         }
         const __m256 p = kvb_dot8(kvb_decode8(kb, type), _mm256_loadu_si256((const __m256i *)(q + b * KV_QK)));
         const int a = type == KV_IQ4_NL ? (int)(b & 1) : 0;
         acc[a] = _mm256_fmadd_ps(_mm256_set1_ps(kvb_half(kb) * d[b]), p, acc[a]);
-        if (kv_affine(type)) summs += kvb_half(kb + 2) * s[b];
+        if (kv_affine(type)) *summs += kvb_half(kb + 2) * s[b];
     }
-    return hsum(type == KV_IQ4_NL ? _mm256_add_ps(acc[0], acc[1]) : acc[0]) + tail + summs;
+    return type == KV_IQ4_NL ? _mm256_add_ps(acc[0], acc[1]) : acc[0];
+}
+#endif
+
+/* A query quantized by kvb_quantize_q dotted with one key row of `type` (n values). */
+static inline __attribute__((always_inline)) float kvb_dot_q(const uint8_t *k, int type, const int8_t *q,
+                                                              const float *d, const float *s, int64_t n) {
+#ifdef KVB_AVX2
+    float tail, summs;
+    const __m256 lanes = kvb_dot_q_lanes(k, type, q, d, s, n, &tail, &summs);
+    return hsum(lanes) + tail + summs;
 #else
-    float sum = 0.0f;
+    const int bb = kv_unit_bytes(type);
+    float sum = 0.0f, summs = 0.0f;
     int8_t kq[KV_QK];
     for (int64_t b = 0; b < n / KV_QK; b++) {
         float dk, mk;

@@ -129,3 +129,71 @@ def test_quantized_caches_take_every_row_count_float_ones_a_few() -> None:
     assert not attention_cpu.applies(
         q, blocks, k, KV_TYPES["q4_0"].__class__("x", 0, 32, 34, torch.int8), None
     )
+
+
+def portable_lib() -> ctypes.CDLL:
+    cc = cpu_lib._compiler()
+    path = cpu_lib.build(cc, portable=True) if cc else None
+    built = cpu_lib.load(path) if path is not None else None
+    if built is None:
+        pytest.skip("no portable build")
+    return built
+
+
+@pytest.mark.parametrize("tv", ["q8_0", "q4_1", "iq4_nl"])
+@pytest.mark.parametrize(("H", "Hkv", "D", "n_kv"), [(9, 3, 64, 700), (4, 1, 96, 333), (2, 2, 32, 9)])
+def test_online_softmax_has_the_bits_of_the_key_by_key_loop(
+    tv: str, H: int, Hkv: int, D: int, n_kv: int
+) -> None:
+    """Over a quantized V the native build computes ggml's online softmax (a running maximum,
+    libm's expf of each key's score, S = S * ms + vs, V scaled and added key by key) with its
+    weights vectorized; the portable build is that loop key by key in C. Integer Q and K make
+    every score exact in both builds, so the outputs must be equal bit for bit: scores from
+    far below the maximum (weights in expf's subnormal and underflow ranges) to new maxima at
+    any key, hidden keys and a row that sees nothing included."""
+    native = cpu_lib.lib()
+    assert native is not None and native.kvq_simd() != b"portable"
+    gen = torch.Generator().manual_seed(H * n_kv + D)
+    q = torch.randint(-6, 7, (2, 1, H, D), generator=gen).float()
+    k = torch.randint(-6, 7, (2, n_kv, Hkv, D), generator=gen).to(torch.float16)
+    k[0, : n_kv // 3] *= 0  # a run of equal scores
+    k[1, n_kv // 2 :: 7] *= 5  # scores far apart: some keys' weights underflow
+    v = quantize(torch.randn(2, n_kv, Hkv, D, generator=gen), KV_TYPES[tv])
+    mask = torch.zeros(2, 1, n_kv)
+    mask[torch.rand(2, 1, n_kv, generator=gen) < 0.3] = float("-inf")
+    mask[1, 0, :4] = float("-inf")  # the first keys hidden
+    mask[0, 0, -1] = -1.5
+    outs = []
+    for lib in (native, portable_lib()):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(cpu_lib, "lib", lambda lib=lib: lib)
+            outs.append(attention_cpu.attention_cpu(q, k, v, mask, 0.125, None, KV_TYPES[tv]))
+    assert outs[0].isfinite().all()
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("tk", [t.name for t in TYPES if t.quantized])
+@pytest.mark.parametrize("D", [64, 96])
+def test_a_keys_score_has_the_same_bits_alone_and_in_a_run_of_eight(tk: str, D: int) -> None:
+    """Over a quantized K the native build scores eight keys at once where the mask shows all
+    eight, one by one elsewhere. Stream 0 holds the keys at cells 0 .. 39 (five runs of eight);
+    stream 1 holds the same keys in the same order from cell 1, after a hidden cell, so every
+    run of eight there is partly hidden and each key is scored alone. With a quantized V the
+    weights and the sum go key by key in order either way, so the two outputs are equal bit for
+    bit only if every score is."""
+    tk_, tv_ = KV_TYPES[tk], KV_TYPES["q8_0"]
+    gen = torch.Generator().manual_seed(D)
+    n, H, Hkv = 40, 4, 2
+    kv = torch.randn(2, n, Hkv, D, generator=gen) * 2
+    cache_k = torch.zeros(2, n + 8, Hkv, tk_.width(D), dtype=tk_.dtype)
+    cache_v = torch.zeros(2, n + 8, Hkv, tv_.width(D), dtype=tv_.dtype)
+    for s, at in ((0, 0), (1, 1)):
+        cache_k[s, at : at + n] = quantize(kv[0], tk_)
+        cache_v[s, at : at + n] = quantize(kv[1], tv_)
+    q = torch.randn(1, 1, H, D, generator=gen).expand(2, 1, H, D).contiguous()
+    mask = torch.full((2, 1, n + 8), float("-inf"))
+    mask[0, 0, :n] = 0.0
+    mask[1, 0, 1 : n + 1] = 0.0
+    got = attention_cpu.attention_cpu(q, cache_k, cache_v, mask, 0.3, tk_, tv_)
+    assert got.isfinite().all()
+    assert torch.equal(got[0], got[1])
