@@ -331,6 +331,43 @@ static inline __attribute__((always_inline)) void sum_float(float *o, const floa
 }
 
 #ifdef KV_AVX2
+/* A quantized V's weighted sum (online_cols) keeps its columns in vectors of VACC_W floats:
+ * 16 with AVX-512 (half the instructions), else 8. add_block gives each value of one block
+ * dequantized first, a product and a sum each rounded, as ggml's to_float gives it to
+ * ggml_vec_mad_f32, then fused with the weight (so the weighted sums round as llama.cpp's). */
+#ifdef KV_AVX512
+#define VACC_W 16
+typedef __m512 vacc_t;
+static inline vacc_t vacc_zero(void) { return _mm512_setzero_ps(); }
+static inline vacc_t vacc_scale(vacc_t a, float m) { return _mm512_mul_ps(a, _mm512_set1_ps(m)); }
+static inline void vacc_store(float *o, vacc_t a) { _mm512_storeu_ps(o, a); }
+
+/* a[0 .. 2) += w (d q (+ m)) over the block at blk. */
+static inline __attribute__((always_inline)) void add_block(vacc_t *a, float w, const uint8_t *blk, int type) {
+    __m128i lo, hi;
+    if (type == KV_Q8_0) {
+        lo = _mm_loadu_si128((const __m128i *)(blk + 2)), hi = _mm_loadu_si128((const __m128i *)(blk + 18));
+    } else {
+        const __m256i ints = kvb_decode8(blk, type);
+        lo = _mm256_castsi256_si128(ints), hi = _mm256_extracti128_si256(ints, 1);
+    }
+    const __m512 d = _mm512_set1_ps(kvb_half(blk)), wv = _mm512_set1_ps(w);
+    __m512 x0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d);
+    __m512 x1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d);
+    if (kv_affine(type)) {
+        const __m512 m = _mm512_set1_ps(kvb_half(blk + 2));
+        x0 = _mm512_add_ps(x0, m), x1 = _mm512_add_ps(x1, m);
+    }
+    a[0] = _mm512_fmadd_ps(wv, x0, a[0]);
+    a[1] = _mm512_fmadd_ps(wv, x1, a[1]);
+}
+#else
+#define VACC_W 8
+typedef __m256 vacc_t;
+static inline vacc_t vacc_zero(void) { return _mm256_setzero_ps(); }
+static inline vacc_t vacc_scale(vacc_t a, float m) { return _mm256_mul_ps(a, _mm256_set1_ps(m)); }
+static inline void vacc_store(float *o, vacc_t a) { _mm256_storeu_ps(o, a); }
+
 /* Block values r*8 .. r*8 + 7 of a decoded block as floats (q8_0: read from memory directly). */
 static inline __m256 block8(const uint8_t *blk, __m256i ints, int r, int type) {
     if (type == KV_Q8_0) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * r))));
@@ -338,25 +375,20 @@ static inline __m256 block8(const uint8_t *blk, __m256i ints, int r, int type) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32((r & 1) ? _mm_srli_si128(half, 8) : half));
 }
 
-/* a[0 .. 4 * nblk) += w (d q (+ m)) over the nblk blocks of `row` from block b0: each value
- * dequantized first, a product and a sum each rounded, as ggml's to_float gives it to
- * ggml_vec_mad_f32 (so the weighted sums round as llama.cpp's). */
-static inline __attribute__((always_inline)) void add_blocks(__m256 *a, float w, const uint8_t *row, int64_t b0,
-                                                             int nblk, int type) {
-    const int bb = kv_unit_bytes(type);
-    const __m256 wv = _mm256_set1_ps(w);
-    for (int k = 0; k < nblk; k++) {
-        const uint8_t *blk = row + (b0 + k) * bb;
-        const __m256i ints = type == KV_Q8_0 ? _mm256_setzero_si256() : kvb_decode8(blk, type);
-        const __m256 d = _mm256_set1_ps(kvb_half(blk));
-        const __m256 m = _mm256_set1_ps(kv_affine(type) ? kvb_half(blk + 2) : 0.0f);
-        for (int r = 0; r < 4; r++) {
-            __m256 x = _mm256_mul_ps(block8(blk, ints, r, type), d);
-            if (kv_affine(type)) x = _mm256_add_ps(x, m);
-            a[4 * k + r] = _mm256_fmadd_ps(wv, x, a[4 * k + r]);
-        }
+/* a[0 .. 4) += w (d q (+ m)) over the block at blk. */
+static inline __attribute__((always_inline)) void add_block(vacc_t *a, float w, const uint8_t *blk, int type) {
+    const __m256i ints = type == KV_Q8_0 ? _mm256_setzero_si256() : kvb_decode8(blk, type);
+    const __m256 d = _mm256_set1_ps(kvb_half(blk)), wv = _mm256_set1_ps(w);
+    const __m256 m = _mm256_set1_ps(kv_affine(type) ? kvb_half(blk + 2) : 0.0f);
+    for (int r = 0; r < 4; r++) {
+        __m256 x = _mm256_mul_ps(block8(blk, ints, r, type), d);
+        if (kv_affine(type)) x = _mm256_add_ps(x, m);
+        a[r] = _mm256_fmadd_ps(wv, x, a[r]);
     }
 }
+#endif
+#define VACC_BLOCK (KV_QK / VACC_W) /* vectors a block's 32 values fill */
+#define VACC_PASS (8 / VACC_BLOCK)  /* blocks a pass keeps in 8 vectors: 64 columns, or 128 with AVX-512 */
 #endif
 
 static void weighted_sum(const attn_t *A, float *o, const float *w, const uint8_t *vb) {
@@ -436,64 +468,20 @@ static void online_weights8(const float *sc, int64_t n, float *ms, float *vs) {
 static inline __attribute__((always_inline)) float online_cols(float *o, const float *ms, const float *vs,
                                                                 const uint8_t *v, int64_t stride, int64_t n,
                                                                 int type, int64_t b0, const int nblk) {
-    __m256 a[8];
-    for (int r = 0; r < 4 * nblk; r++) a[r] = _mm256_setzero_ps();
-    float S = 0.0f;
-    for (int64_t c = 0; c < n; c++) {
-        if (vs[c] == 0.0f) continue; /* hidden (or a weight that underflowed: adds nothing) */
-        if (ms[c] != 1.0f) {
-            const __m256 m8 = _mm256_set1_ps(ms[c]);
-            for (int r = 0; r < 4 * nblk; r++) a[r] = _mm256_mul_ps(a[r], m8);
-            S *= ms[c];
-        }
-        S += vs[c];
-        add_blocks(a, vs[c], v + c * stride, b0, nblk, type);
-    }
-    for (int r = 0; r < 4 * nblk; r++) _mm256_storeu_ps(o + b0 * KV_QK + 8 * r, a[r]);
-    return S;
-}
-#endif
-
-#ifdef KV_AVX512
-/* online_cols with 16 columns to a register, 4 blocks (128 columns) at a time: the same
- * operations on each value (d q, + m, then fused with the weight), half the instructions. */
-static inline __attribute__((always_inline)) float online_cols16(float *o, const float *ms, const float *vs,
-                                                                  const uint8_t *v, int64_t stride, int64_t n,
-                                                                  int type, int64_t b0, const int nblk) {
     const int bb = kv_unit_bytes(type);
-    __m512 a[8];
-    for (int r = 0; r < 2 * nblk; r++) a[r] = _mm512_setzero_ps();
+    vacc_t a[8];
+    for (int r = 0; r < VACC_BLOCK * nblk; r++) a[r] = vacc_zero();
     float S = 0.0f;
     for (int64_t c = 0; c < n; c++) {
         if (vs[c] == 0.0f) continue; /* hidden (or a weight that underflowed: adds nothing) */
         if (ms[c] != 1.0f) {
-            const __m512 m16 = _mm512_set1_ps(ms[c]);
-            for (int r = 0; r < 2 * nblk; r++) a[r] = _mm512_mul_ps(a[r], m16);
+            for (int r = 0; r < VACC_BLOCK * nblk; r++) a[r] = vacc_scale(a[r], ms[c]);
             S *= ms[c];
         }
         S += vs[c];
-        const __m512 w = _mm512_set1_ps(vs[c]);
-        for (int k = 0; k < nblk; k++) {
-            const uint8_t *blk = v + c * stride + (b0 + k) * bb;
-            __m128i lo, hi;
-            if (type == KV_Q8_0) {
-                lo = _mm_loadu_si128((const __m128i *)(blk + 2)), hi = _mm_loadu_si128((const __m128i *)(blk + 18));
-            } else {
-                const __m256i ints = kvb_decode8(blk, type);
-                lo = _mm256_castsi256_si128(ints), hi = _mm256_extracti128_si256(ints, 1);
-            }
-            const __m512 d = _mm512_set1_ps(kvb_half(blk));
-            __m512 x0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d);
-            __m512 x1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d);
-            if (kv_affine(type)) {
-                const __m512 m = _mm512_set1_ps(kvb_half(blk + 2));
-                x0 = _mm512_add_ps(x0, m), x1 = _mm512_add_ps(x1, m);
-            }
-            a[2 * k] = _mm512_fmadd_ps(w, x0, a[2 * k]);
-            a[2 * k + 1] = _mm512_fmadd_ps(w, x1, a[2 * k + 1]);
-        }
+        for (int k = 0; k < nblk; k++) add_block(a + VACC_BLOCK * k, vs[c], v + c * stride + (b0 + k) * bb, type);
     }
-    for (int r = 0; r < 2 * nblk; r++) _mm512_storeu_ps(o + b0 * KV_QK + 16 * r, a[r]);
+    for (int r = 0; r < VACC_BLOCK * nblk; r++) vacc_store(o + b0 * KV_QK + VACC_W * r, a[r]);
     return S;
 }
 #endif
@@ -506,25 +494,20 @@ static inline __attribute__((always_inline)) float online_cols16(float *o, const
 static inline __attribute__((always_inline)) void sum_online(float *o, float *sc, float *w, const uint8_t *v,
                                                               int64_t stride, int64_t n, int type, int64_t Dv) {
     const int64_t nb = Dv / KV_QK;
-    float S = 0.0f;
+    float S = 0.0f, *ms = sc, *vs = w;
 #ifdef KV_AVX2
-    float *ms = sc, *vs = w;
     online_weights8(sc, n, ms, vs);
-#ifdef KV_AVX512
-    for (int64_t b0 = 0; b0 < nb; b0 += 4) {
-        switch (nb - b0 < 4 ? nb - b0 : 4) {
-        case 1: S = online_cols16(o, ms, vs, v, stride, n, type, b0, 1); break;
-        case 2: S = online_cols16(o, ms, vs, v, stride, n, type, b0, 2); break;
-        case 3: S = online_cols16(o, ms, vs, v, stride, n, type, b0, 3); break;
-        default: S = online_cols16(o, ms, vs, v, stride, n, type, b0, 4); break;
+    for (int64_t b0 = 0; b0 < nb; b0 += VACC_PASS) {
+        switch (nb - b0 < VACC_PASS ? nb - b0 : VACC_PASS) { /* the block count a constant in each copy */
+        case 1: S = online_cols(o, ms, vs, v, stride, n, type, b0, 1); break;
+#if VACC_PASS == 4
+        case 2: S = online_cols(o, ms, vs, v, stride, n, type, b0, 2); break;
+        case 3: S = online_cols(o, ms, vs, v, stride, n, type, b0, 3); break;
+#endif
+        default: S = online_cols(o, ms, vs, v, stride, n, type, b0, VACC_PASS); break;
         }
     }
 #else
-    for (int64_t b0 = 0; b0 < nb; b0 += 2)
-        S = b0 + 1 < nb ? online_cols(o, ms, vs, v, stride, n, type, b0, 2) : online_cols(o, ms, vs, v, stride, n, type, b0, 1);
-#endif
-#else
-    float *ms = sc, *vs = w;
     S = online_weights(sc, n, ms, vs);
     const int bb = kv_unit_bytes(type);
     int8_t q[KV_QK];

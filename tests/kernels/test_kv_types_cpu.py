@@ -17,6 +17,7 @@ from kvtool.kernels.hadamard import fwht
 from kvtool.kernels.kv_quant import C_IDS, KV_TYPES, KVType, quantize
 from kvtool.kernels.store_kv import store_kv_ref
 from kvtool.models.rope import RopeParams
+from tests.kernels.conftest import portable_build
 from tests.kernels.test_rope_store_cpu import pair_formula
 
 pytestmark = pytest.mark.skipif(cpu_lib.lib() is None, reason="no C compiler: the kernels are not built")
@@ -131,15 +132,6 @@ def test_quantized_caches_take_every_row_count_float_ones_a_few() -> None:
     )
 
 
-def portable_lib() -> ctypes.CDLL:
-    cc = cpu_lib._compiler()
-    path = cpu_lib.build(cc, portable=True) if cc else None
-    built = cpu_lib.load(path) if path is not None else None
-    if built is None:
-        pytest.skip("no portable build")
-    return built
-
-
 @pytest.mark.parametrize("tv", ["q8_0", "q4_1", "iq4_nl"])
 @pytest.mark.parametrize(("H", "Hkv", "D", "n_kv"), [(9, 3, 64, 700), (4, 1, 96, 333), (2, 2, 32, 9)])
 def test_online_softmax_has_the_bits_of_the_key_by_key_loop(
@@ -164,7 +156,10 @@ def test_online_softmax_has_the_bits_of_the_key_by_key_loop(
     mask[1, 0, :4] = float("-inf")  # the first keys hidden
     mask[0, 0, -1] = -1.5
     outs = []
-    for lib in (native, portable_lib()):
+    portable = portable_build()
+    if portable is None:
+        pytest.skip("no portable build")
+    for lib in (native, portable):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(cpu_lib, "lib", lambda lib=lib: lib)
             outs.append(attention_cpu.attention_cpu(q, k, v, mask, 0.125, None, KV_TYPES[tv]))
