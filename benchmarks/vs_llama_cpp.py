@@ -317,7 +317,9 @@ def main() -> None:
 
 
 def print_rows(rows: list[Row], gguf: str, a: argparse.Namespace) -> None:
-    print(f"\nmodel {gguf}, {a.threads} threads, llama.cpp repack {a.llama_repack}")
+    # the depth runs always take --repack 0 (see ll_deep)
+    repack = "0" if a.depth_only else a.llama_repack + (", depth rows 0" if a.depth_types else "")
+    print(f"\nmodel {gguf}, {a.threads} threads, llama.cpp repack {repack}")
     print(f"{a.rounds} alternating rounds: median (range)\n")
     print("| measure | llama.cpp | kvtool | kvtool / llama.cpp | note |")
     print("|---|---|---|---|---|")
