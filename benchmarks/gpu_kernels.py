@@ -4,8 +4,8 @@
                                                [--cases decode-1x4k,prompt-4k] [--reps 50] [--json out.json]
 
 For each case (issue 13's table by default) it times, with CUDA events after a warm-up:
-kvtool's kernel deciding visibility from cell metadata (`attention_cells_triton`, the one the
-engine uses on CUDA), the same kernel reading a dense float mask (`attention_triton`), torch's
+kvtool's kernel deciding visibility from cell metadata (`attention_triton` given the cells, as
+the engine uses it on CUDA), the same kernel reading a dense float mask, torch's
 `scaled_dot_product_attention` as it chooses, and for prompts its flash backend alone. Decode
 rows report the share of the measured device copy bandwidth (K and V bytes read per call
 over the time); prompt rows the TFLOP/s and their share of the measured fp16/bf16 matmul peak.
@@ -159,7 +159,7 @@ def run_case(c: Case, a: argparse.Namespace, bw: float, peak: float) -> dict[str
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from kvtool.kernels.attention import attention_cells_triton, attention_triton
+    from kvtool.kernels.attention_triton import attention_triton
     from kvtool.kernels.visibility import Cells
 
     dtype = torch.float16 if a.dtype == "fp16" else torch.bfloat16
@@ -183,15 +183,13 @@ def run_case(c: Case, a: argparse.Namespace, bw: float, peak: float) -> dict[str
     row: dict[str, object] = {"case": c.label}
     want = sdpa().transpose(1, 2)
     for key, fn in (
-        ("kvtool_cells_ms", lambda: attention_cells_triton(q, k, v, cells, scale)),
+        ("kvtool_cells_ms", lambda: attention_triton(q, k, v, cells, scale)),
         ("kvtool_mask_ms", lambda: attention_triton(q, k, v, mask, scale)),
     ):
         row[key] = time_ms(fn, a.reps)
         row[key.replace("_ms", "_max_diff")] = float((fn() - want).abs().max())
     row["sdpa_ms"] = time_ms(sdpa, a.reps)
-    row["kvtool_cells_graph_ms"] = time_graph_ms(
-        lambda: attention_cells_triton(q, k, v, cells, scale), a.reps
-    )
+    row["kvtool_cells_graph_ms"] = time_graph_ms(lambda: attention_triton(q, k, v, cells, scale), a.reps)
     row["sdpa_graph_ms"] = time_graph_ms(sdpa, a.reps)
     kernel_ms = row["kvtool_cells_graph_ms"] or row["kvtool_cells_ms"]
     if c.prompt:

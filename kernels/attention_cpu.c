@@ -1,5 +1,5 @@
 /* Attention over a KV cache on the CPU pool: the contract of attention_ref in
- * kernels/attention.py, which is its specification.
+ * kernels/attention_ref.py, which is its specification.
  *
  * out[s, i, h] = softmax_c(scale * q[s, i, h] . k[s, c, h / g] + mask[s, i, c]) v[s, c, h / g]
  * with g = H / Hkv query heads per KV head; a key whose mask is -inf is skipped without being

@@ -1,6 +1,6 @@
 """Attention over a KV cache on the CPU, compiled (attention_cpu.c via cpu_lib).
 
-The contract of `attention_ref` (kernels/attention.py, its specification): q [S, n_q, H, D],
+The contract of `attention_ref` (kernels/attention_ref.py, its specification): q [S, n_q, H, D],
 k/v [S, n_kv, Hkv, D(v)] in their cache types, each its own (f32, f16, bf16, or a quantized
 type's blocks as bytes), at any strides with a contiguous last dimension, an additive mask
 [S, n_q, n_kv] (0 / -inf); a row that sees no key gives zeros. Keys the mask hides are not read,

@@ -2,7 +2,7 @@
 s = scale * q.k becomes cap * tanh(s / cap) before the mask and the softmax, as llama.cpp's graph
 computes it with flash attention off (scale, multiply by 1 / cap, tanh, multiply by cap).
 
-The contract of `attention_ref` (kernels/attention.py) plus the cap: `attention_softcap_ref` in
+The contract of `attention_ref` (kernels/attention_ref.py) plus the cap: `attention_softcap_ref` in
 torch on any device is the specification; on the CPU a few query rows per stream (decode) take
 the compiled kernel (attention_cpu.c, which has the cap), and prompts run by blocks of query rows,
 each over the keys its rows see (`KQMask.blocks`), as `attention_blocks` does. The Triton kernel
@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from . import attention_cpu
-from .attention import Q_BLOCK, KQMask, as_float
+from .attention_ref import Q_BLOCK, as_float
+from .kq_mask import KQMask
 from .kv_quant import KVType
 from .visibility import Cells, visibility_mask
 
@@ -52,7 +53,7 @@ def attention_softcap(
 ) -> torch.Tensor:
     """`attention_softcap_ref` with the visibility a view gives (a prepared mask, or the cells
     the mask is built from on CUDA), by blocks of query rows over the keys each block sees.
-    A quantized K or V (`tk`, `tv`) is read as `attention.as_float` makes it. The compiled CPU
+    A quantized K or V (`tk`, `tv`) is read as `attention_ref.as_float` makes it. The compiled CPU
     kernel where it applies, unless `compiled=False` (the backend's choice, kvtool/backend)."""
     if compiled and attention_cpu.applies(q, k, v, tk, tv) and not isinstance(mask, Cells):
         return attention_cpu.attention_cpu(q, k, v, mask.mask, scale, tk, tv, softcap)

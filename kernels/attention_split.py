@@ -1,6 +1,6 @@
 """Split-KV attention (flash-decoding): the launch policy, the reduction that merges the
 splits' partial softmax states, and the row layout and output store both attention kernels
-share (kernels/attention.py launches them)."""
+share (kernels/attention_triton.py launches them)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ import torch
 from kvtool.backend.decoder import compiled_layers, decoder_weights
 from kvtool.batch import UBatch
 from kvtool.kernels import attention_cpu, cpu_lib, rms_norm_cpu, rope_store_cpu
-from kvtool.kernels.attention import attention, attention_cells
+from kvtool.kernels.attention import attention
 from kvtool.kernels.attention_softcap import attention_softcap
 from kvtool.kernels.decoder_cpu import DecoderWeights
 from kvtool.kernels.hadamard import fwht
@@ -154,15 +154,12 @@ class Backend:
         ks, vs = view.attended()  # [n_stream_ub, n_kv, n_head_kv, d (a quantized type: its blocks' bytes)]
         tk, tv = view.type_k, view.type_v
         cpu = self.compiled and attention_cpu.applies(qs, ks, vs, tk, tv)
+        seen = view.cells if view.cells is not None else view.mask  # on CUDA the cells (no mask)
+        assert seen is not None
         if softcap:
-            seen = view.cells if view.cells is not None else view.mask
-            assert seen is not None
             out = attention_softcap(qs, ks, vs, seen, scale, softcap, tk, tv, compiled=cpu)
-        elif view.cells is not None:  # on CUDA: the kernel decides visibility from the cells
-            out = attention_cells(qs, ks, vs, view.cells, scale, tk, tv)
         else:
-            assert view.mask is not None
-            out = attention(qs, ks, vs, view.mask, scale, tk, tv, compiled=cpu)
+            out = attention(qs, ks, vs, seen, scale, tk, tv, compiled=cpu)
         out = out.reshape(n, -1)
         return fwht(out, view.rot_v) if view.rot_v else out
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from kvtool.kernels.attention import KQMask
+from kvtool.kernels.kq_mask import KQMask
 from kvtool.kernels.kv_quant import KV_TYPES, KVType
 from kvtool.kernels.visibility import Cells
 from kvtool.memory.base import GraphInputs, MemoryStatus

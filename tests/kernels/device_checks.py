@@ -13,12 +13,8 @@ import math
 import numpy as np
 import torch
 
-from kvtool.kernels.attention import (
-    attention_cells_ref,
-    attention_cells_triton,
-    attention_ref,
-    attention_triton,
-)
+from kvtool.kernels.attention_ref import attention_cells_ref, attention_ref
+from kvtool.kernels.attention_triton import attention_triton
 from kvtool.kernels.dequant import dequantize
 from kvtool.kernels.kv_quant import KV_TYPES
 from kvtool.kernels.short_conv import short_conv_ref, short_conv_triton
@@ -73,7 +69,7 @@ def check_attention_cells(device: str, quick: bool = False) -> None:
             scale = 1.0 / math.sqrt(case.head_dim)
             want = attention_cells_ref(q, k, v, c, scale)
             dc = Cells(*_on(device, c.pos, c.seq, c.q_pos, c.q_seq), c.swa, c.n_swa, c.causal)
-            got = attention_cells_triton(*_on(device, q, k, v), dc, scale, n_split=case.n_split)
+            got = attention_triton(*_on(device, q, k, v), dc, scale, n_split=case.n_split)
             torch.testing.assert_close(
                 got.cpu(), want, **TOL[q_dtype], msg=lambda m, c=case, d=q_dtype: f"{c} {d}: {m}"
             )
@@ -127,7 +123,7 @@ def check_kv_blocks(device: str, quick: bool = False) -> None:
         c = make_cells(case, seed=3)
         want = attention_cells_ref(q, k, v, c, 0.125, a, b)
         dc = Cells(*_on(device, c.pos, c.seq, c.q_pos, c.q_seq), c.swa, c.n_swa, c.causal)
-        got = attention_cells_triton(*_on(device, q, k, v), dc, 0.125, tk=a, tv=b)
+        got = attention_triton(*_on(device, q, k, v), dc, 0.125, tk=a, tv=b)
         torch.testing.assert_close(
             got.cpu(), want, **tol, msg=lambda m, tk=tk, tv=tv: f"cells {tk} {tv}: {m}"
         )

@@ -11,8 +11,10 @@ import math
 import pytest
 import torch
 
-from kvtool.kernels import attention as attention_mod
-from kvtool.kernels.attention import KQMask, attention_blocks, attention_ref, attention_triton
+from kvtool.kernels import attention_ref as attention_ref_mod
+from kvtool.kernels.attention_ref import attention_blocks, attention_ref
+from kvtool.kernels.attention_triton import attention_triton
+from kvtool.kernels.kq_mask import KQMask
 from tests.kernels.attention_inputs import CASES, TOL, Case, Pick, make_inputs, random_case
 
 
@@ -126,7 +128,7 @@ def test_blocks_of_query_rows_over_the_keys_they_see_match_the_reference(
 ) -> None:
     """Prompts on the CPU: SDPA per block of query rows, over the range of keys the block sees
     (blocks of 4 rows here: every case has several, some seeing a short range or nothing)."""
-    monkeypatch.setattr(attention_mod, "Q_BLOCK", 4)
+    monkeypatch.setattr(attention_ref_mod, "Q_BLOCK", 4)
     q, k, v, mask = make_inputs(case, dtype, seed=7)
     scale = 1.0 / math.sqrt(case.head_dim)
     m = KQMask(mask)

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from kvtool.kernels.attention import attention_cells_ref, attention_cells_triton
+from kvtool.kernels.attention_ref import attention_cells_ref
+from kvtool.kernels.attention_triton import attention_triton
 from kvtool.kernels.visibility import Cells, visible_ref
 from kvtool.memory.kv_cells import SWAParams
 from tests.kernels.attention_inputs import TOL
@@ -43,7 +44,7 @@ def _check(c: CellCase, q_dtype: torch.dtype, kv_dtype: torch.dtype, seed: int) 
     q, k, v = make_qkv(c, kv_dtype, seed)
     q = q.to(q_dtype)
     scale = 1.0 / math.sqrt(c.head_dim)
-    got = attention_cells_triton(q, k, v, cells, scale, n_split=c.n_split, block_n=c.block_n)
+    got = attention_triton(q, k, v, cells, scale, n_split=c.n_split, block_n=c.block_n)
     want = attention_cells_ref(q, k, v, cells, scale)
     assert got.shape == (c.n_stream, c.n_q, c.n_head, c.head_dim) and got.dtype == q_dtype
     torch.testing.assert_close(got, want, **TOL[q_dtype], msg=lambda m: f"{c}: {m}")
@@ -85,7 +86,7 @@ def test_invisible_tiles_are_never_loaded() -> None:
     k[:, :16], v[:, :16] = float("nan"), float("nan")  # out of the window
     k[:, 48:], v[:, 48:] = float("nan"), float("nan")  # the other sequence
     for n_split in (1, 3):
-        got = attention_cells_triton(q, k, v, cells, 0.25, block_n=16, n_split=n_split)
+        got = attention_triton(q, k, v, cells, 0.25, block_n=16, n_split=n_split)
         torch.testing.assert_close(got, want, **TOL[torch.float32])
 
 
@@ -119,5 +120,5 @@ def test_sequence_63_uses_the_top_bit() -> None:
     assert visible_ref(cells).tolist() == [[[True, False, True]]]
     q = torch.randn(1, 1, 1, 16)
     kv = torch.randn(1, 3, 1, 16)
-    got = attention_cells_triton(q, kv, kv, cells, 0.25)
+    got = attention_triton(q, kv, kv, cells, 0.25)
     torch.testing.assert_close(got, attention_cells_ref(q, kv, kv, cells, 0.25), **TOL[torch.float32])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvtool.kernels import attention_cpu, cpu_lib
-from kvtool.kernels.attention import attention_ref
+from kvtool.kernels.attention_ref import attention_ref
 
 pytestmark = pytest.mark.skipif(cpu_lib.lib() is None, reason="no C compiler: the kernels are not built")
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kvtool.kernels import attention_cpu
-from kvtool.kernels.attention import KQMask
 from kvtool.kernels.attention_softcap import attention_softcap, attention_softcap_ref
+from kvtool.kernels.kq_mask import KQMask
 
 
 def _inputs(n_q: int, kv_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:

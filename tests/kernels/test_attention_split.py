@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvtool.kernels import attention as attention_mod
-from kvtool.kernels.attention import _n_split, attention_ref, attention_triton
+from kvtool.kernels import attention_triton as attention_triton_mod
+from kvtool.kernels.attention_ref import attention_ref
+from kvtool.kernels.attention_split import _n_split
+from kvtool.kernels.attention_triton import attention_triton
 from tests.kernels.attention_inputs import TOL, Case, Pick, make_inputs, random_case
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -27,8 +29,8 @@ class LaunchSpy:
 
 @pytest.fixture
 def reduce_spy(monkeypatch: pytest.MonkeyPatch) -> LaunchSpy:
-    spy = LaunchSpy(attention_mod._attention_reduce_kernel)
-    monkeypatch.setattr(attention_mod, "_attention_reduce_kernel", spy)
+    spy = LaunchSpy(attention_triton_mod._attention_reduce_kernel)
+    monkeypatch.setattr(attention_triton_mod, "_attention_reduce_kernel", spy)
     return spy
 
 

@@ -30,7 +30,7 @@ QUANTIZED = [("q4_1", "iq4_nl", False, False), ("q8_0", "q5_0", True, True), ("i
 
 
 def compile_all() -> None:  # runs in `compile_in_subprocess`
-    from kvtool.kernels import attention, kv_triton, store_kv
+    from kvtool.kernels import attention_split, attention_triton, kv_triton, store_kv
     from kvtool.kernels.kv_quant import C_IDS, KV_TYPES
 
     def build(fn, pointers: dict[str, str], constexprs: dict[str, object], **options) -> None:
@@ -49,7 +49,7 @@ def compile_all() -> None:  # runs in `compile_in_subprocess`
         pointers = dict(q_ptr=q, k_ptr=kv, v_ptr=kv, mask_ptr="fp32", o_ptr=q, **meta, **partials, **extra)
         modes = dict(CELLS=cells, SWA=swa, CAUSAL=True)
         constexprs = dict(F16=q == kv == "fp16", SPLIT=split, **modes, **blocks, **floats)
-        build(attention._attention_kernel, pointers, constexprs, num_stages=3)
+        build(attention_triton._attention_kernel, pointers, constexprs, num_stages=3)
     for tk, tv, split, cells in QUANTIZED:
         pointers = dict(
             q_ptr="fp32", k_ptr="u8", v_ptr="u8", mask_ptr="fp32", o_ptr="fp32", **meta, **partials
@@ -58,11 +58,12 @@ def compile_all() -> None:  # runs in `compile_in_subprocess`
         types = dict(KT=C_IDS[tk], VT=C_IDS[tv], BBK=a.block_bytes, BBV=b.block_bytes, NB=16)
         modes = dict(CELLS=cells, SWA=0, CAUSAL=True)
         constexprs = dict(F16=False, SPLIT=split, **modes, **blocks, **types)
-        build(attention._attention_kernel, pointers | extra, constexprs, num_stages=3)
+        build(attention_triton._attention_kernel, pointers | extra, constexprs, num_stages=3)
     for t in (t for t in KV_TYPES.values() if t.quantized):
         pointers = dict(dst_ptr="u8", src_ptr="fp32", idx_ptr="i64", table_ptr="fp32")
         build(kv_triton._store_blocks_kernel, pointers, dict(TYPE=C_IDS[t.name], BB=t.block_bytes))
-    build(attention._attention_reduce_kernel, dict(o_ptr="bf16", **partials), dict(BLOCK_M=16, BLOCK_DV=128))
+    reduce = attention_split._attention_reduce_kernel
+    build(reduce, dict(o_ptr="bf16", **partials), dict(BLOCK_M=16, BLOCK_DV=128))
     build(store_kv._store_kv_kernel, dict(dst_ptr="bf16", src_ptr="fp32", idx_ptr="i64"), dict(BLOCK=1024))
 
 

@@ -8,12 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvtool.kernels.attention import (
-    attention_cells_ref,
-    attention_cells_triton,
-    attention_ref,
-    attention_triton,
-)
+from kvtool.kernels.attention_ref import attention_cells_ref, attention_ref
+from kvtool.kernels.attention_triton import attention_triton
 from kvtool.kernels.kv_quant import KV_TYPES, quantize
 from kvtool.kernels.store_kv import store_kv_ref, store_kv_triton
 from tests.kernels.cells_inputs import CellCase, make_cells
@@ -83,6 +79,6 @@ def test_attention_over_blocks(
 def test_cells_attention_over_blocks(tk: str, tv: str) -> None:
     q, k, v, a, b, _ = operands(tk, tv, 2, 4, 4, 2, 64, 90, seed=7)
     cells = make_cells(SWA_CASE, seed=3)
-    got = attention_cells_triton(q, k, v, cells, 0.125, tk=a, tv=b)
+    got = attention_triton(q, k, v, cells, 0.125, tk=a, tv=b)
     want = attention_cells_ref(q, k, v, cells, 0.125, a, b)
     torch.testing.assert_close(got, want, **TOL)

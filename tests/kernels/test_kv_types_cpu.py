@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kvtool.kernels import attention_cpu, cpu_lib, rope_store_cpu
-from kvtool.kernels.attention import attention_ref
+from kvtool.kernels.attention_ref import attention_ref
 from kvtool.kernels.hadamard import fwht
 from kvtool.kernels.kv_quant import C_IDS, KV_TYPES, KVType, quantize
 from kvtool.kernels.store_kv import store_kv_ref

@@ -25,14 +25,8 @@ class Dispatch:
     name: str  # the public function that dispatches
     # Calls a function of the public signature on fixed inputs and returns what it computed.
     call: Callable[[Callable[..., torch.Tensor | None]], torch.Tensor]
-
-    @property
-    def triton_fn(self) -> str:
-        return f"{self.name}_triton"
-
-    @property
-    def ref_fn(self) -> str:
-        return f"{self.name}_ref"
+    triton_fn: str  # the kernel it hands CUDA tensors to
+    ref_fn: str  # the torch reference it computes with elsewhere
 
 
 def _call_attention(fn: Callable[..., torch.Tensor | None]) -> torch.Tensor:
@@ -71,9 +65,10 @@ def _call_store_kv(fn: Callable[..., torch.Tensor | None]) -> torch.Tensor:
 
 
 DISPATCHES = [
-    Dispatch(attention_mod, "attention", _call_attention),
-    Dispatch(attention_mod, "attention_cells", _call_attention_cells),
-    Dispatch(store_kv_mod, "store_kv", _call_store_kv),
+    Dispatch(attention_mod, "attention", _call_attention, "attention_triton", "attention_ref"),
+    # given cells, the one dispatch hands them to the one Triton entry point
+    Dispatch(attention_mod, "attention", _call_attention_cells, "attention_triton", "attention_cells_ref"),
+    Dispatch(store_kv_mod, "store_kv", _call_store_kv, "store_kv_triton", "store_kv_ref"),
 ]
 
 
@@ -81,7 +76,7 @@ def _refuse(*args, **kwargs):
     raise AssertionError("Triton path taken")
 
 
-@pytest.mark.parametrize("d", DISPATCHES, ids=lambda d: d.name)
+@pytest.mark.parametrize("d", DISPATCHES, ids=lambda d: d.ref_fn.removesuffix("_ref"))
 def test_cpu_tensors_take_the_reference(d: Dispatch, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(d.module, d.triton_fn, _refuse)
     monkeypatch.setattr(attention_cpu, "applies", lambda *tensors: False)  # tested below
@@ -105,7 +100,7 @@ def test_cpu_decode_rows_take_the_compiled_kernel(monkeypatch: pytest.MonkeyPatc
     torch.testing.assert_close(got, _call_attention(attention_mod.attention_ref), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("d", DISPATCHES, ids=lambda d: d.name)
+@pytest.mark.parametrize("d", DISPATCHES, ids=lambda d: d.ref_fn.removesuffix("_ref"))
 def test_accepted_tensors_take_the_kernel(d: Dispatch, monkeypatch: pytest.MonkeyPatch) -> None:
     # As if the tensors were on CUDA: the dispatcher must hand its arguments to the kernel.
     calls = []

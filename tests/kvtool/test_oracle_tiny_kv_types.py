@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kvtool.kernels.attention as attention_mod
+import kvtool.kernels.attention_ref as attention_ref_mod
+from kvtool.kernels import attention_cpu
 from kvtool.kernels.kv_quant import quantize_q
 from tests.kvtool.test_device import cells_path  # noqa: F401 - the fixture
 from tests.kvtool.test_oracle_tiny import DATA, rel_err, replay, tiny_model
@@ -65,10 +66,10 @@ def test_prompt_rows_are_llama_cpp_numbers(kv: str, unified: int) -> None:
 def test_without_the_query_quantization_they_are_not(monkeypatch: pytest.MonkeyPatch) -> None:
     """The control: the same rows with the query left in float32 (what a plain dequantizing
     kernel computes), on the reference path, miss llama.cpp's by far more."""
-    monkeypatch.setattr(attention_mod, "quantize_q", lambda q, vec_dot: (q.float(), None))
-    monkeypatch.setattr(attention_mod.attention_cpu, "applies", lambda *a, **k: False)
+    monkeypatch.setattr(attention_ref_mod, "quantize_q", lambda q, vec_dot: (q.float(), None))
+    monkeypatch.setattr(attention_cpu, "applies", lambda *a, **k: False)
     assert median_row_err("q4_0", 1) > 1e-3
-    assert quantize_q is not attention_mod.quantize_q  # the patch took
+    assert quantize_q is not attention_ref_mod.quantize_q  # the patch took
 
 
 @pytest.mark.usefixtures("cells_path")
