@@ -1,16 +1,23 @@
-"""Which implementation computes each op, chosen once at model load for a device and a weights
-mode (llama.cpp's backend: ggml-cpu built for an instruction set, ggml-cuda).
+"""The backend (llama.cpp's ggml backends and their buffer types): which implementation computes
+each op, chosen once at model load for a device and a weights mode (ggml-cpu built for an
+instruction set, ggml-cuda), and the weights in the formats the implementations read.
 
-Model code names ops (`ops.attend`, `ops.rms_norm_ggml`, `ops.decoder`, `ops.ssm_scan`...)
-and imports no kernel module; this package is where compute meets the kernels. On the CPU the
-compiled kernels (kernels/cpu_lib.py) take the ops they have wherever the backend has them
-loaded: attention, RoPE with the K/V store, ggml's RMS norm, the quantized matmuls with
-`--weights auto` (kvtool/backend/linear.py holds the weights in the kernel's format when told
-`compiled`) and the whole-decoder call; where they are not (no compiler, a failed build, or
-`compiled=False`, the tests' reference) torch computes every op. On CUDA, Triton (where it is
-installed) computes the kernels that have a Triton version, torch the others. What remains
-decided per call is the operands' shape: a few rows against many (kernels' MAX_ROWS,
-linear.QUANT_MAX_ROWS), a cache type a kernel has.
+Model code (kvtool/models) names ops (`ops.attend`, `ops.rms_norm_ggml`, `ops.decoder`,
+`ops.ssm_scan`...) and imports no kernel module; this package is where compute meets the
+kernels: `Backend` and its ops here; linear.py, linear layers and token embeddings over GGUF
+weights as the weights mode and the backend hold them (the compiled block matmul's bytes,
+int4pack's planes, dense float32/f16/bf16) and the tensor types kvtool reads; device_file.py, a
+GGUFFile whose tensors are dequantized on the device; decoder.py, the bridge to the compiled
+decoder call.
+
+On the CPU the compiled kernels (kernels/cpu_lib.py) take the ops they have wherever the backend
+has them loaded: attention, RoPE with the K/V store, ggml's RMS norm, the quantized matmuls with
+`--weights auto` (linear.py holds the weights in the kernel's format when told `compiled`) and
+the whole-decoder call; where they are not (no compiler, a failed build, or `compiled=False`,
+the tests' reference) torch computes every op. On CUDA, Triton (where it is installed) computes
+the kernels that have a Triton version, torch the others. What remains decided per call is the
+operands' shape: a few rows against many (kernels' MAX_ROWS, linear.QUANT_MAX_ROWS), a cache
+type a kernel has.
 """
 
 from __future__ import annotations
