@@ -64,7 +64,7 @@ def attention_cpu(
 ) -> torch.Tensor:
     """softmax(scale * q k^T + mask) v per stream (see the module docstring); needs `applies`.
     `softcap`: each score s becomes softcap * tanh(s / softcap) before the mask (Gemma 2;
-    kernels/attention_softcap.py is its specification)."""
+    `attention_ref`'s softcap is its specification)."""
     lib = cpu_lib.lib()
     kt, vt = cache_type(k, tk), cache_type(v, tv)
     assert lib is not None and kt is not None and vt is not None

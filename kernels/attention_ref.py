@@ -51,18 +51,28 @@ def attention_ref(
     scale: float,
     tk: KVType | None = None,  # a quantized cache's types (None: the float type k and v hold)
     tv: KVType | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:  # [n_stream, n_q, n_head, head_dim_v]
     """softmax(scale * q k^T + mask) v per stream, with grouped-query heads; a quantized K or V
-    as `as_float` makes it.
+    as `as_float` makes it. `softcap` (Gemma 2; ggml_flash_attn_ext's logit_softcap): each
+    score s = scale * q.k becomes softcap * tanh(s / softcap) before the mask, as llama.cpp's
+    graph computes it with flash attention off (scale, multiply by 1 / cap, tanh, multiply by cap).
 
     A query row that sees no key gives zeros (never NaN).
     """
     q_dtype = q.dtype
     q, k, v = as_float(q, k, v, tk, tv)
+    if softcap:
+        out = _softcapped(q, k, v, mask.mask if isinstance(mask, KQMask) else mask, scale, softcap)
+    else:
+        out = _sdpa(q, k, v, as_kq_mask(mask), scale)
+    return out if out.dtype == q_dtype else out.to(q_dtype)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: KQMask, scale: float) -> torch.Tensor:
     S, n_q, n_head, _ = q.shape
     n_head_kv = k.shape[2]
     g = n_head // n_head_kv
-    m = as_kq_mask(mask)
     # Query heads that share a KV head become extra query rows of that head: no K/V copies.
     # With one query per stream (decode) that is a view of q.
     qf = _f32(q)
@@ -81,7 +91,19 @@ def attention_ref(
         out = out.view(S, n_head_kv, g, n_q, -1).permute(0, 3, 1, 2, 4).reshape(S, n_q, n_head, -1)
     if m.empty is not None:
         out = out.masked_fill(m.empty.unsqueeze(-1), 0.0)
-    return out if out.dtype == q_dtype else out.to(q_dtype)
+    return out
+
+
+def _softcapped(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float
+) -> torch.Tensor:
+    S, n_q, H, D = q.shape
+    Hkv = k.shape[2]
+    qg = q.float().reshape(S, n_q, Hkv, H // Hkv, D)
+    s = torch.einsum("sqhgd,skhd->shgqk", qg, k.float()) * scale  # [S, Hkv, g, n_q, n_kv]
+    s = torch.tanh(s * (1.0 / softcap)) * softcap + mask.float()[:, None, None]
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # a row that sees nothing: 0/0
+    return torch.einsum("shgqk,skhd->sqhgd", p, v.float()).reshape(S, n_q, H, -1)
 
 
 Q_BLOCK = 128  # query rows per SDPA call on the CPU for prompts: each reads only the keys it sees
@@ -95,15 +117,18 @@ def attention_blocks(
     scale: float,
     tk: KVType | None = None,
     tv: KVType | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """`attention_ref` by blocks of Q_BLOCK query rows, each over the range of keys its rows see
     (`KQMask.blocks`): a causal prompt computes about half the scores of one call over all keys.
-    The keys left out are hidden from the block's rows, so the result is the same softmax."""
+    The keys left out are hidden from the block's rows, so the result is the same softmax. A
+    quantized cache is read once (`as_float`), not once per block."""
     m = as_kq_mask(mask)
-    dv = v.shape[3] if tv is None else tv.values(v.shape[3])
-    out = torch.zeros(*q.shape[:3], dv, dtype=q.dtype, device=q.device)
+    q_dtype = q.dtype
+    q, k, v = as_float(q, k, v, tk, tv)
+    out = torch.zeros(*q.shape[:3], v.shape[3], dtype=q_dtype, device=q.device)
     for q0, q1, k0, k1, part in m.blocks(Q_BLOCK):
-        out[:, q0:q1] = attention_ref(q[:, q0:q1], k[:, k0:k1], v[:, k0:k1], part, scale, tk, tv)
+        out[:, q0:q1] = attention_ref(q[:, q0:q1], k[:, k0:k1], v[:, k0:k1], part, scale, softcap=softcap)
     return out
 
 
@@ -115,6 +140,7 @@ def attention_cells_ref(
     scale: float,
     tk: KVType | None = None,
     tv: KVType | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """`attention_ref` with the mask that `cells` describe (kernels/visibility.py): the spec."""
-    return attention_ref(q, k, v, visibility_mask(cells), scale, tk, tv)
+    return attention_ref(q, k, v, visibility_mask(cells), scale, tk, tv, softcap)

@@ -32,7 +32,6 @@ from kvtool.backend.decoder import compiled_layers, decoder_weights
 from kvtool.batch import UBatch
 from kvtool.kernels import attention_cpu, cpu_lib, rms_norm_cpu, rope_store_cpu
 from kvtool.kernels.attention import attention
-from kvtool.kernels.attention_softcap import attention_softcap
 from kvtool.kernels.decoder_cpu import DecoderWeights
 from kvtool.kernels.hadamard import fwht
 from kvtool.kernels.short_conv import short_conv
@@ -111,7 +110,7 @@ class Backend:
         forth). The cache is read in its own type (f16/bf16/f32, or a quantized type's blocks):
         the kernel converts inside. Where the view asks for llama.cpp's Hadamard rotation, Q and K
         are rotated before K is stored, V before it is stored and the output back. `softcap`: the
-        scores are soft-capped (kernels/attention_softcap.py)."""
+        scores are soft-capped (kernels/attention_ref.py)."""
         n = q.shape[0]
         if view.rot_k:
             q, k = fwht(q, view.rot_k), fwht(k, view.rot_k)
@@ -163,10 +162,7 @@ class Backend:
         cpu = self.compiled and attention_cpu.applies(qs, ks, vs, tk, tv)
         seen = view.cells if view.cells is not None else view.mask  # on CUDA the cells (no mask)
         assert seen is not None
-        if softcap:
-            out = attention_softcap(qs, ks, vs, seen, scale, softcap, tk, tv, compiled=cpu)
-        else:
-            out = attention(qs, ks, vs, seen, scale, tk, tv, compiled=cpu)
+        out = attention(qs, ks, vs, seen, scale, tk, tv, compiled=cpu, softcap=softcap)
         out = out.reshape(n, -1)
         return fwht(out, view.rot_v) if view.rot_v else out
 

@@ -1,5 +1,6 @@
-"""kernels/attention_softcap.py: soft-capped attention (Gemma 2) against the plain math, and the
-compiled CPU kernel's cap (attention_cpu.c) against that specification."""
+"""Soft-capped attention (Gemma 2; `softcap` of kernels/attention_ref.py and kernels/attention.py)
+against the plain math, and the compiled CPU kernel's cap (attention_cpu.c) against that
+specification."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 import torch
 
 from kvtool.kernels import attention_cpu
-from kvtool.kernels.attention_softcap import attention_softcap, attention_softcap_ref
+from kvtool.kernels.attention import attention
+from kvtool.kernels.attention_ref import attention_ref
 from kvtool.kernels.kq_mask import KQMask
 
 
@@ -27,7 +29,7 @@ def _inputs(n_q: int, kv_dtype: torch.dtype = torch.float32) -> tuple[torch.Tens
 
 def test_the_reference_is_the_capped_softmax() -> None:
     q, k, v, mask = _inputs(3)
-    got = attention_softcap_ref(q, k, v, mask, 0.2, 5.0)
+    got = attention_ref(q, k, v, mask, 0.2, softcap=5.0)
     for s in range(2):
         for i in range(3):
             for h in range(4):
@@ -46,8 +48,8 @@ def test_the_reference_is_the_capped_softmax() -> None:
 @pytest.mark.parametrize("n_q", [1, 3])
 def test_the_compiled_kernel_caps_as_the_reference(kv_dtype: torch.dtype, n_q: int) -> None:
     q, k, v, mask = _inputs(n_q, kv_dtype)
-    want = attention_softcap_ref(q, k.float(), v.float(), mask, 0.2, 5.0)
-    got = attention_softcap(q, k, v, KQMask(mask), 0.2, 5.0)  # few rows on the CPU: the kernel
+    want = attention_ref(q, k.float(), v.float(), mask, 0.2, softcap=5.0)
+    got = attention(q, k, v, KQMask(mask), 0.2, softcap=5.0)  # few rows on the CPU: the kernel
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -56,7 +58,7 @@ def test_prompts_run_by_blocks_of_query_rows() -> None:
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, n, 2, 16, generator=g) for _ in range(3))
     causal = torch.full((n, n), -math.inf).triu(1)[None]
-    want = attention_softcap_ref(q, k, v, causal, 0.25, 3.0)
+    want = attention_ref(q, k, v, causal, 0.25, softcap=3.0)
     torch.testing.assert_close(
-        attention_softcap(q, k, v, KQMask(causal), 0.25, 3.0), want, rtol=1e-5, atol=1e-6
+        attention(q, k, v, KQMask(causal), 0.25, softcap=3.0), want, rtol=1e-5, atol=1e-6
     )

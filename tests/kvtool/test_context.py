@@ -152,9 +152,9 @@ def test_attention_spans_cells_in_use_per_stream(tiny_llama, unified: bool, monk
     seen = []
     real = backend.attention
 
-    def spy(q, k, v, mask, scale, tk, tv, compiled):  # type: ignore[no-untyped-def]
+    def spy(q, k, v, mask, scale, tk, tv, compiled, softcap):  # type: ignore[no-untyped-def]
         seen.append((tuple(q.shape[:2]), tuple(k.shape[:2])))
-        return real(q, k, v, mask, scale, tk, tv, compiled=compiled)
+        return real(q, k, v, mask, scale, tk, tv, compiled=compiled, softcap=softcap)
 
     monkeypatch.setattr(backend, "attention", spy)
     ctx = Context(tiny_llama, ContextParams(n_ctx=1024, n_seq_max=4, kv_unified=unified))
