@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 
@@ -42,35 +41,58 @@ def _class_match(c: str, cls: str) -> bool:
     return matched != negated
 
 
+def _class_end(pattern: str, p: int) -> int:
+    """Where the class that opens at `pattern[p] == "["` closes (its `]`), or -1: a first `]`
+    or `-` inside is literal."""
+    end = p + 1
+    if end < len(pattern) and pattern[end] in "]-":
+        end += 1
+    return pattern.find("]", end)
+
+
 def glob_match(pattern: str, text: str) -> bool:
     """common.cpp's glob_match: `*` matches within a path component, `**` across them, `?` one
-    character but `/`, `[...]` a class (`!` negates); anything else itself."""
+    character but `/`, `[...]` a class (`!` negates); anything else itself. Run as a set of
+    pattern positions over the text, not as llama.cpp's recursion: a path of thousands of
+    characters (deep folders) neither overflows the stack nor takes exponential time."""
 
-    @functools.cache
-    def match(p: int, s: int) -> bool:  # memoized: `**` and `*` try every split once
-        if p == len(pattern):
-            return s == len(text)
-        if pattern.startswith("**", p):
-            return match(p + 2, s) or (s < len(text) and match(p, s + 1))
-        if pattern[p] == "*":
-            while s < len(text) and text[s] != "/":
-                if match(p + 1, s):
-                    return True
-                s += 1
-            return match(p + 1, s)
-        if pattern[p] == "?" and s < len(text) and text[s] != "/":
-            return match(p + 1, s + 1)
-        if pattern[p] == "[":
-            end = p + 1
-            if end < len(pattern) and pattern[end] in "]-":
-                end += 1
-            end = pattern.find("]", end)
-            if end >= 0:
-                return s < len(text) and _class_match(text[s], pattern[p + 1 : end]) and match(end + 1, s + 1)
-            return s < len(text) and text[s] == "[" and match(p + 1, s + 1)
-        return s < len(text) and pattern[p] == text[s] and match(p + 1, s + 1)
+    def closure(states: set[int]) -> set[int]:
+        todo = list(states)
+        while todo:  # `*` and `**` may match nothing: the position after them is live too
+            p = todo.pop()
+            nxt = p + 2 if pattern.startswith("**", p) else p + 1 if pattern.startswith("*", p) else -1
+            if nxt >= 0 and nxt not in states:
+                states.add(nxt)
+                todo.append(nxt)
+        return states
 
-    return match(0, 0)
+    states = closure({0})
+    for c in text:
+        step: set[int] = set()
+        for p in states:
+            if p == len(pattern):
+                continue
+            if pattern.startswith("**", p):
+                step.add(p)
+            elif pattern[p] == "*":
+                if c != "/":
+                    step.add(p)
+            elif pattern[p] == "?":
+                if c != "/":
+                    step.add(p + 1)
+            elif pattern[p] == "[":
+                end = _class_end(pattern, p)
+                if end >= 0:
+                    if _class_match(c, pattern[p + 1 : end]):
+                        step.add(end + 1)
+                elif c == "[":
+                    step.add(p + 1)
+            elif pattern[p] == c:
+                step.add(p + 1)
+        if not step:
+            return False
+        states = closure(step)
+    return len(pattern) in states
 
 
 def globbed(pattern: str) -> tuple[list[Path], bool]:

@@ -149,3 +149,51 @@ def test_glob_match_is_llama_cpps() -> None:
     assert glob_match("[a-c]x", "bx") and not glob_match("[!a-c]x", "bx") and glob_match("[]]", "]")
     assert glob_match("[-a]", "-") and not glob_match("[ab", "a") and glob_match("[ab", "[ab")
     assert glob_match("*" * 40 + "b", "a" * 60 + "b")  # memoized: no exponential search
+
+
+def _c_glob_match(pattern: str, s: str) -> bool:
+    """common.cpp's glob_match transcribed as it is (recursive), the reference for short inputs."""
+    from kvtool.commands.run.reading import _class_match
+
+    if not pattern:
+        return not s
+    if pattern.startswith("**"):
+        return _c_glob_match(pattern[2:], s) or (bool(s) and _c_glob_match(pattern, s[1:]))
+    if pattern[0] == "*":
+        i = 0
+        while i < len(s) and s[i] != "/":
+            if _c_glob_match(pattern[1:], s[i:]):
+                return True
+            i += 1
+        return _c_glob_match(pattern[1:], s[i:])
+    if pattern[0] == "?" and s and s[0] != "/":
+        return _c_glob_match(pattern[1:], s[1:])
+    if pattern[0] == "[":
+        end = 1 + (len(pattern) > 1 and pattern[1] in "]-")
+        end = pattern.find("]", end)
+        if end >= 0:
+            return bool(s) and _class_match(s[0], pattern[1:end]) and _c_glob_match(pattern[end + 1 :], s[1:])
+        return bool(s) and s[0] == "[" and _c_glob_match(pattern[1:], s[1:])
+    return bool(s) and pattern[0] == s[0] and _c_glob_match(pattern[1:], s[1:])
+
+
+def test_glob_match_agrees_with_llama_cpps_recursion_on_random_input() -> None:
+    import random
+
+    from kvtool.commands.run.reading import glob_match
+
+    rng = random.Random(7)
+    for _ in range(20000):
+        pattern = "".join(rng.choice("ab/*?[]!-") for _ in range(rng.randint(0, 7)))
+        text = "".join(rng.choice("ab/[]-") for _ in range(rng.randint(0, 7)))
+        assert glob_match(pattern, text) == _c_glob_match(pattern, text), (pattern, text)
+
+
+def test_glob_match_takes_paths_of_any_depth() -> None:
+    """A file thousands of characters deep (nested folders) matched `**`: the recursion it was
+    written as raised RecursionError, a traceback that ended the chat."""
+    from kvtool.commands.run.reading import glob_match
+
+    deep = "/".join(["d" * 150] * 30) + "/x.txt"
+    assert glob_match("**.txt", deep) and glob_match("**/x.txt", deep) and not glob_match("**.md", deep)
+    assert glob_match("d*/" * 30 + "*.txt", deep)
