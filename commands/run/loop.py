@@ -151,6 +151,9 @@ def _command(keeper: Keeper, text: str, perf: Perf, files: list[str]) -> bool:
     session = keeper.session
     if cmd in ("/exit", "/quit"):
         return False
+    if "\0" in arg:  # (a piped line can hold one) no file or conversation name does
+        err.print(f"error: {cmd}: a name holds no NUL byte", markup=False, style="red")
+        return True
     if cmd in ("/read", "/glob"):
         _read(cmd, arg, files)
         return True

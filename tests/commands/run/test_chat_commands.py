@@ -197,3 +197,14 @@ def test_glob_match_takes_paths_of_any_depth() -> None:
     deep = "/".join(["d" * 150] * 30) + "/x.txt"
     assert glob_match("**.txt", deep) and glob_match("**/x.txt", deep) and not glob_match("**.md", deep)
     assert glob_match("d*/" * 30 + "*.txt", deep)
+
+
+def test_a_name_with_a_nul_byte_is_an_error_line(tiny_llama_path: Path, tmp_path: Path) -> None:
+    """A piped line can hold a NUL byte, which no file name can: each command that takes a name
+    says so in one line and the chat goes on (os.open's ValueError was a traceback)."""
+    stdin = "".join(f"{cmd} a\0b\n" for cmd in ("/read", "/glob", "/save", "/load")) + "hi\n"
+    r = chat(tiny_llama_path, stdin, cwd=tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    for cmd in ("/read", "/glob", "/save", "/load"):
+        assert f"error: {cmd}: a name holds no NUL byte" in r.stderr
+    assert list(tmp_path.iterdir()) == []
