@@ -43,12 +43,11 @@ def _write(text: str) -> None:
 _MORE = "--context-shift drops the oldest tokens and goes on, a larger -c holds more"
 
 
-def _stop_note(gen: Generation, ctx: kvtool.Context) -> None:
+def _stop_note(gen: Generation, ctx: kvtool.Context, chat: bool) -> None:
     if gen.stop == "ctx_full":
-        err.print(
-            f"context full (n_ctx = {ctx.n_ctx_seq}): the reply stopped; /clear starts over, {_MORE}",
-            style="yellow",
-        )
+        again = "/clear starts over, " if chat else ""  # a one-shot has no chat commands
+        note = f"context full (n_ctx = {ctx.n_ctx_seq}): the reply stopped; {again}{_MORE}"
+        err.print(note, style="yellow")
     elif gen.stop == "interrupted":
         err.print("(interrupted)", style="yellow")
 
@@ -89,7 +88,7 @@ def one_shot(
         if bar is not None:
             bar.close()
     _write("\n")
-    _stop_note(gen, session.ctx)
+    _stop_note(gen, session.ctx, chat=False)
     if show.perf is not False:
         for line in perf.lines(session.timings):
             err.print(line)
@@ -264,7 +263,7 @@ def chat(
             keeper.changed()  # the turn is saved as soon as it is complete
             signals.check()  # a reply stopped by SIGTERM or SIGHUP is kept, then the chat ends
             _write("\n")
-            _stop_note(gen, session.ctx)
+            _stop_note(gen, session.ctx, chat=True)
             dn, dt = session.timings.n_gen - n0, session.timings.t_gen - t0  # this reply's share
             ttft = f", first token {perf.ttft * 1e3:.0f} ms" if perf.ttft is not None else ""
             if show.perf is not False:

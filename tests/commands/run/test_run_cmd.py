@@ -36,7 +36,8 @@ def test_context_full_is_one_line(tiny_llama_path: Path) -> None:
     args = ["-n", "-1", "-c", "256", "--temp", "0", "--no-chat", "--ignore-eos", "-p", "hi"]
     r = run(["run", "-m", str(tiny_llama_path), *args])
     assert r.returncode == 0, r.stderr
-    assert "context full" in r.stderr
+    assert "context full" in r.stderr and "--context-shift" in r.stderr
+    assert "/clear" not in r.stderr  # a chat command: a one-shot has none
     assert "Traceback" not in r.stderr
 
 
