@@ -1,5 +1,7 @@
 """Request bodies to scheduler requests, as llama-server reads them: each known field checked
-for its type and range (a wrong one is an OpenAI-shaped HTTP 400), unknown fields ignored."""
+for its type and range (a wrong one is an OpenAI-shaped HTTP 400), unknown fields ignored. A
+field of llama-server's that asks for what kvtool lacks (a grammar, tools, another sampler) is
+a 400 unless its value asks for nothing: an answer without it would look like one with it."""
 
 from __future__ import annotations
 
@@ -93,6 +95,35 @@ def _stops(body: dict[str, Any]) -> tuple[str, ...]:
     raise bad("'stop' must be a string or a list of strings")
 
 
+def _off(v: Any) -> bool:
+    """A sampler strength at its inert value: 0, or a negative one as llama.cpp reads it."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0
+
+
+# llama-server's fields that kvtool does not implement, each with a test of the values that ask
+# for nothing (as llama.cpp reads them), and what the field would need
+_LACKING: tuple[tuple[str, Any, str], ...] = (
+    ("response_format", lambda v: isinstance(v, dict) and v.get("type") in (None, "", "text"), "grammars"),
+    ("json_schema", lambda v: False, "grammars"),
+    ("grammar", lambda v: v == "", "grammars"),
+    ("tools", lambda v: v == [], "tool calls"),
+    ("tool_choice", lambda v: v in ("none", "auto"), "tool calls"),
+    ("logit_bias", lambda v: v in ({}, []), "logit biases"),
+    ("mirostat", lambda v: v == 0 and not isinstance(v, bool), "the mirostat sampler"),
+    ("dry_multiplier", _off, "the DRY sampler"),
+    ("xtc_probability", _off, "the XTC sampler"),
+    ("top_n_sigma", _off, "the top-n-sigma sampler"),
+)
+
+
+def _lacking(body: dict[str, Any]) -> None:
+    """A 400 for a field that asks for what kvtool serve does not do."""
+    for key, inert, what in _LACKING:
+        v = body.get(key)
+        if v is not None and not inert(v):
+            raise bad(f"'{key}' is not supported: kvtool serve has no {what} (leave it out)")
+
+
 @dataclass(frozen=True)
 class Limits:
     """What the server allows a request: a slot's context, and whether prompts are cached by default."""
@@ -106,6 +137,7 @@ def generation(body: dict[str, Any], tokens: list[int], limits: Limits, chat: bo
     """The sampling and stopping fields common to every completion endpoint."""
     if integer(body, "n", 1) != 1:
         raise bad("only one choice per request is supported ('n' must be 1)")
+    _lacking(body)
     n_predict = integer(body, "n_predict", -1, lo=-1)
     n_predict = integer(body, "max_completion_tokens", n_predict, lo=-1)
     n_predict = integer(body, "max_tokens", n_predict, lo=-1)

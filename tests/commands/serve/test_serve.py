@@ -197,6 +197,53 @@ def test_bad_requests_are_openai_shaped_4xx(
     assert get(server.url, "/health")[0] == 200  # and the server keeps serving
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("response_format", {"type": "json_object"}),
+        ("response_format", {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}),
+        ("json_schema", {}),
+        ("grammar", "root ::= \"yes\""),
+        ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+        ("tool_choice", "required"),
+        ("logit_bias", {"42": -100}),
+        ("mirostat", 2),
+        ("dry_multiplier", 0.8),
+        ("xtc_probability", 0.5),
+        ("top_n_sigma", 1.0),
+    ],
+)
+def test_a_feature_kvtool_lacks_is_a_400_not_ignored(server: Served, field: str, value: Any) -> None:
+    """llama-server's grammars, tools, logit biases and other samplers are not in kvtool serve:
+    asking for one is a 400 naming it (an answer that ignored it, non-JSON to a JSON request,
+    looked like one that honoured it), on every completion endpoint."""
+    for path, body in (
+        ("/v1/chat/completions", {"messages": CHAT}),
+        ("/v1/completions", {"prompt": "hi"}),
+        ("/completion", {"prompt": "hi"}),
+    ):
+        got, _, answer = post(server.url, path, {**body, "max_tokens": 2, field: value})
+        assert got == 400, (path, answer)
+        assert answer["error"]["message"].startswith(f"'{field}' is not supported: kvtool serve has no ")
+
+
+def test_llama_servers_inert_values_of_those_features_are_served(server: Served) -> None:
+    """The values that ask for nothing, as clients send them by default, are answered."""
+    inert = {
+        "response_format": {"type": "text"},
+        "tools": [],
+        "tool_choice": "auto",
+        "logit_bias": {},
+        "grammar": "",
+        "mirostat": 0,
+        "dry_multiplier": 0.0,
+        "xtc_probability": 0.0,
+        "top_n_sigma": -1.0,
+    }
+    got, _, answer = post(server.url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, **inert})
+    assert got == 200, answer
+
+
 def test_a_value_out_of_range_names_its_bound(server: Served) -> None:
     got, _, answer = post(server.url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": -5})
     assert got == 400 and answer["error"]["message"] == "'max_tokens' must be at least -1, got -5"
