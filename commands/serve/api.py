@@ -191,8 +191,12 @@ def messages(body: dict[str, Any]) -> list[dict[str, str]]:
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad(f"messages[{i}] must be an object with a 'role' string")
+        if m.get("tool_calls") not in (None, []):  # the template would render the turn without them
+            raise bad(f"messages[{i}]: 'tool_calls' is not supported: kvtool serve has no tool calls")
+        if "content" not in m:  # llama-server's "Expected 'content' or 'tool_calls'"
+            raise bad(f"messages[{i}] has no 'content'")
         content = m.get("content")
-        if content is None:
+        if content is None:  # null content is OpenAI's for an assistant turn of tool calls
             content = ""
         if isinstance(content, list):
             parts = []

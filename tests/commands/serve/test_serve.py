@@ -167,6 +167,14 @@ def test_tokenize_detokenize_props_health_models(server: Served) -> None:
         ("/v1/chat/completions", {"messages": CHAT, "temperature": True}, 400, "invalid_request_error"),
         ("/v1/chat/completions", {"messages": CHAT, "model": ["gpt-4"]}, 400, "invalid_request_error"),
         ("/v1/chat/completions", {"messages": CHAT, "n": 2}, 400, "invalid_request_error"),
+        # no content (llama-server's "Expected 'content' or 'tool_calls'"); tool calls in the history
+        ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400, "invalid_request_error"),
+        (
+            "/v1/chat/completions",
+            {"messages": [*CHAT, {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]},
+            400,
+            "invalid_request_error",
+        ),
         ("/v1/completions", {"prompt": "x " * 2000}, 400, "exceed_context_size_error"),
         ("/completion", {"prompt": [1, 99999]}, 400, "invalid_request_error"),
         ("/completion", {"prompt": "x", "id_slot": 9}, 400, "invalid_request_error"),
@@ -203,7 +211,7 @@ def test_bad_requests_are_openai_shaped_4xx(
         ("response_format", {"type": "json_object"}),
         ("response_format", {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}),
         ("json_schema", {}),
-        ("grammar", "root ::= \"yes\""),
+        ("grammar", 'root ::= "yes"'),
         ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
         ("tool_choice", "required"),
         ("logit_bias", {"42": -100}),
