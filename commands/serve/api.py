@@ -124,6 +124,17 @@ def _lacking(body: dict[str, Any]) -> None:
             raise bad(f"'{key}' is not supported: kvtool serve has no {what} (leave it out)")
 
 
+def openai_completion(body: dict[str, Any]) -> None:
+    """OpenAI's text-completion fields that llama-server refuses, refused in its words: `echo`
+    true, `best_of` and `suffix` (they were ignored: the answer looked like one that honoured
+    them); their inert values (null, `best_of` 1, `suffix` "") pass, which llama-server refuses."""
+    if flag(body, "echo", False):
+        raise bad("Only no echo is supported")
+    for key, inert in (("best_of", 1), ("suffix", "")):
+        if body.get(key) not in (None, inert):
+            raise bad(f"Unsupported param: {key}")
+
+
 @dataclass(frozen=True)
 class Limits:
     """What the server allows a request: a slot's context, and whether prompts are cached by default."""

@@ -154,9 +154,12 @@ async def chat(s: Server, r: HttpRequest) -> Response:
     return EventStream(events(), task, s.p.timeout, done=True)
 
 
-async def _text_task(s: Server, r: HttpRequest) -> tuple[dict[str, Any], str, Task, TaskStream]:
-    """The body, the model name and the submitted task of a text completion."""
+async def _text_task(s: Server, r: HttpRequest, openai: bool) -> tuple[dict[str, Any], str, Task, TaskStream]:
+    """The body, the model name and the submitted task of a text completion (`openai`: of
+    /v1/completions, which refuses OpenAI's fields that llama-server refuses)."""
     body = await s.body(r)
+    if openai:
+        api.openai_completion(body)
     name = s.check_model(body)
     task, stream = s.submit(api.generation(body, api.prompt_tokens(s.model, body), s.limits, chat=False))
     return body, name, task, stream
@@ -164,7 +167,7 @@ async def _text_task(s: Server, r: HttpRequest) -> tuple[dict[str, Any], str, Ta
 
 async def completions(s: Server, r: HttpRequest) -> Response:
     """OpenAI's /v1/completions."""
-    body, name, task, stream = await _text_task(s, r)
+    body, name, task, stream = await _text_task(s, r, openai=True)
     head = shapes.Head.new("cmpl", name, s.n_tasks)
     if not api.flag(body, "stream", False):
         outs = await s.collect(r.receive, task, stream)
@@ -181,7 +184,7 @@ async def completions(s: Server, r: HttpRequest) -> Response:
 
 async def completion(s: Server, r: HttpRequest) -> Response:
     """llama.cpp's native /completion (cache_prompt, n_predict, id_slot...)."""
-    body, name, task, stream = await _text_task(s, r)
+    body, name, task, stream = await _text_task(s, r, openai=False)
     prompt = (
         body["prompt"]
         if isinstance(body.get("prompt"), str)

@@ -235,6 +235,28 @@ def test_a_feature_kvtool_lacks_is_a_400_not_ignored(server: Served, field: str,
         assert answer["error"]["message"].startswith(f"'{field}' is not supported: kvtool serve has no ")
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("echo", True, "Only no echo is supported"),
+        ("best_of", 3, "Unsupported param: best_of"),
+        ("suffix", "}", "Unsupported param: suffix"),
+    ],
+)
+def test_openai_completion_fields_llama_server_refuses(
+    server: Served, field: str, value: Any, message: str
+) -> None:
+    """/v1/completions refuses `echo`, `best_of` and `suffix` in llama-server's words (they were
+    ignored); null, `best_of` 1 and `suffix` "" ask for nothing and are served."""
+    got, _, answer = post(server.url, "/v1/completions", {"prompt": "hi", "max_tokens": 2, field: value})
+    assert got == 400 and answer["error"]["message"] == message
+    inert = {"echo": False, "best_of": 1, "suffix": ""}
+    got, _, answer = post(
+        server.url, "/v1/completions", {"prompt": "hi", "max_tokens": 2, field: inert[field]}
+    )
+    assert got == 200, answer
+
+
 def test_llama_servers_inert_values_of_those_features_are_served(server: Served) -> None:
     """The values that ask for nothing, as clients send them by default, are answered."""
     inert = {
