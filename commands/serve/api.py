@@ -234,4 +234,6 @@ def prompt_tokens(model: kvtool.Model, body: dict[str, Any], key: str = "prompt"
         if bad_ids:
             raise bad(f"token id {bad_ids[0]} is out of the vocabulary (n_vocab = {model.n_vocab})")
         return list(p)
+    if isinstance(p, list) and len(p) > 1 and all(isinstance(q, str | list) for q in p):
+        raise bad(f"only one prompt per request is supported ('{key}' holds {len(p)})")
     raise bad(f"'{key}' must be a string or a list of token ids")

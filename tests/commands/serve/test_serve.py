@@ -274,6 +274,18 @@ def test_llama_servers_inert_values_of_those_features_are_served(server: Served)
     assert got == 200, answer
 
 
+def test_several_prompts_are_refused_as_such(server: Served) -> None:
+    """OpenAI's batch of prompts (llama-server answers each): one prompt is served, several are
+    a 400 that says so (it said 'prompt' must be a string or a list of token ids)."""
+    for prompt in (["a", "b"], [[1, 2], [3, 4]]):
+        got, _, answer = post(server.url, "/v1/completions", {"prompt": prompt, "max_tokens": 2})
+        assert (
+            got == 400
+            and answer["error"]["message"] == "only one prompt per request is supported ('prompt' holds 2)"
+        )
+    assert post(server.url, "/v1/completions", {"prompt": ["a"], "max_tokens": 2})[0] == 200
+
+
 def test_a_value_out_of_range_names_its_bound(server: Served) -> None:
     got, _, answer = post(server.url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": -5})
     assert got == 400 and answer["error"]["message"] == "'max_tokens' must be at least -1, got -5"
