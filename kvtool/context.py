@@ -334,7 +334,8 @@ class Context:
         from kvtool.state import files
 
         data = files.read_file(path)
-        return self.state_set_data(data) if seq is None else self.state_seq_set_data(data, seq)
+        with files.naming(path):
+            return self.state_set_data(data) if seq is None else self.state_seq_set_data(data, seq)
 
 
 def _in_batch_order(parts: list[tuple[np.ndarray, torch.Tensor]], n: int, n_vocab: int) -> torch.Tensor:

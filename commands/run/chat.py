@@ -351,7 +351,11 @@ class ChatSession:
     def load_state(self, path: str | Path) -> kvtool.StateInfo:
         """Resumes the conversation saved in a file by `save_state` (read once; see
         `restore_data`): on StateError nothing has changed."""
-        return self.restore_data(_read_state(Path(path)))
+        data = _read_state(Path(path))
+        try:
+            return self.restore_data(data)
+        except kvtool.StateError as e:  # which file: a chat reads several (--session, /load)
+            raise kvtool.StateError(f"{path}: {e}") from None
 
 
 def _read_state(path: Path) -> bytes:

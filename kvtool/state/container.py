@@ -152,6 +152,12 @@ def _check_index(index: dict[str, Any]) -> int:
     return end
 
 
+_OTHER_FILES = (
+    (b"GGUF", "a GGUF model file"),
+    (b"SQLite format 3\0", "an SQLite database (a conversation store?)"),
+)
+
+
 def read_container(data: bytes | memoryview) -> tuple[dict[str, Any], dict[str, RawTensor]]:
     """Parses and verifies a container: (state header, tensors). Raises StateError."""
     buf = memoryview(data)
@@ -159,6 +165,9 @@ def read_container(data: bytes | memoryview) -> tuple[dict[str, Any], dict[str, 
         raise StateError(f"truncated state: {len(buf)} bytes")
     (n,) = struct.unpack("<Q", buf[:8])
     if n > MAX_HEADER or n % 8:
+        for magic, what in _OTHER_FILES:  # files a user may give by mistake, said by name
+            if bytes(buf[: len(magic)]) == magic:
+                raise StateError(f"not a kvtool state: {what}")
         raise StateError("not a kvtool state (bad header length)")
     if 8 + n > len(buf):
         raise StateError(f"truncated state: the header needs {8 + n} bytes, the data has {len(buf)}")

@@ -3,8 +3,10 @@ replace only state files (kvtool.atomic_file holds the rules)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from kvtool.atomic_file import FileKind, check_writable, write_file
@@ -57,3 +59,15 @@ def read_file(path: str | Path) -> bytes:
             return f.read()
         except OSError as e:
             raise StateError(f"cannot read {path}: {e.strerror}") from None
+
+
+@contextlib.contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """A StateError about a file's contents (truncated, another model's, corrupted) names the
+    file, as a model's errors do: a chat reads several (--session, /load)."""
+    try:
+        yield
+    except StateError as e:
+        if str(path) in str(e):
+            raise
+        raise StateError(f"{path}: {e}") from None

@@ -208,3 +208,13 @@ def test_a_name_with_a_nul_byte_is_an_error_line(tiny_llama_path: Path, tmp_path
     for cmd in ("/read", "/glob", "/save", "/load"):
         assert f"error: {cmd}: a name holds no NUL byte" in r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_broken_state_file_is_named_in_its_error(tiny_llama_path: Path, tmp_path: Path) -> None:
+    """A chat reads several state files (--session, each /load): the error names which one."""
+    r = chat(tiny_llama_path, "hi\n/save s.kvs\n", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    cut = tmp_path / "cut.kvs"
+    cut.write_bytes((tmp_path / "s.kvs").read_bytes()[:1000])
+    r = chat(tiny_llama_path, f"/load {cut}\nhi\n", cwd=tmp_path)
+    assert f"error: {cut}: truncated state" in r.stderr, r.stderr

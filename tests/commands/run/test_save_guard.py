@@ -138,7 +138,7 @@ def test_a_failed_load_is_not_saved_over_the_session(
         tiny_llama_path, f"/load {tmp_path / 'bad.kvs'}\nthe cat\n", "--session", str(session)
     )
     assert rc == 0, err
-    assert "error: corrupted state: bad sampler random state" in err
+    assert f"error: {tmp_path / 'bad.kvs'}: corrupted state: bad sampler random state" in err
     assert "> the cat" in out
     assert messages(session)[:2] == mine and len(messages(session)) == 4
 

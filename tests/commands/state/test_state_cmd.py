@@ -3,6 +3,7 @@ typer's CliRunner, and as subprocesses where the process itself matters (errors,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -63,12 +64,26 @@ def test_errors_are_one_line(tiny_llama_path: Path, tmp_path: Path) -> None:
     gemma = Path(__file__).parents[2] / "data" / "tiny" / "models" / "tiny-gemma3.gguf"
     r = kvtool_process("state", "load", "-m", str(gemma), "-i", str(f))
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1].startswith("error: state was saved with another model")
+    # the file is named, as a model's errors name it
+    assert r.stderr.strip().splitlines()[-1].startswith(f"error: {f}: state was saved with another model")
     assert "Traceback" not in r.stderr
     f.write_bytes(f.read_bytes()[:-10])
     r = kvtool_process("state", "inspect", str(f))
     assert r.returncode == 2
-    assert r.stderr.strip().startswith("error: truncated state") and "\n" not in r.stderr.strip()
+    assert r.stderr.strip().startswith(f"error: {f}: truncated state") and "\n" not in r.stderr.strip()
+    for other, what in ((gemma, "a GGUF model file"), (_sqlite(tmp_path), "an SQLite database")):
+        r = kvtool_process("state", "inspect", str(other))
+        assert r.returncode == 2 and r.stderr.startswith(f"error: {other}: not a kvtool state: {what}")
+
+
+def _sqlite(folder: Path) -> Path:
+    import sqlite3
+
+    path = folder / "conversations.db"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("create table t (x)")
+        db.commit()
+    return path
 
 
 SLOW_SAVE = """
