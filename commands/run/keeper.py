@@ -73,6 +73,9 @@ class Keeper:
         self._said: dict[str, str] = {}  # the last error line about each
         self._dirty: set[str] = set()  # conversations (store names; "" for the session) not yet kept
         self.resumed: str | None = None  # what was resumed, as `run` says it after its banner
+        # without --session or --store: the last /save NAME, and the changes since (not kept)
+        self._snapshot: str | None = None
+        self._since_snapshot = 0
         if self.pool is not None:
             self.session = self.pool.open(name)
             if self.session.messages or self.session.cached:
@@ -103,6 +106,8 @@ class Keeper:
         path = _absolute(name)
         with signals.held():
             n = self.session.save_state(path)
+        if self.file is None:
+            self._snapshot, self._since_snapshot = name, 0
         return f"saved to {path}: {n:,} bytes; /load {name} or --session {name} resumes it"
 
     def load(self, name: str) -> str:
@@ -127,7 +132,8 @@ class Keeper:
 
     def kept_where(self) -> str | None:
         """Where the conversation is kept, as the chat says it when it ends normally (Ctrl-D,
-        /exit): None when there is no such place or nothing was ever written there."""
+        /exit): None when there is no such place or nothing was ever written there; without
+        --session, that what changed since a /save is not kept."""
         if self.failed is not None:
             return None  # its error line said where it went
         if self.pool is not None:
@@ -135,7 +141,15 @@ class Keeper:
                 return None
             n = _count(self.session.messages)
             return f"conversation '{self.name}' kept in the store {self.pool.store.path}: {n}"
-        if self.file is None or not self.file.exists():
+        if self.file is None:
+            if self._snapshot is None or not self._since_snapshot:
+                return None
+            name = self._snapshot  # /save keeps what the conversation was, not what came after
+            return (
+                f"the conversation changed since /save {name} and is not kept: "
+                f"/save {name} again keeps it, --session FILE keeps every turn"
+            )
+        if not self.file.exists():
             return None
         return f"saved to {self.file}: {_count(self.session.messages)}; --session {self.file} resumes it"
 
@@ -160,6 +174,7 @@ class Keeper:
         """The current conversation changed (a turn, /clear, /load): it is saved now."""
         self.touch()
         if self.pool is None and self.file is None:
+            self._since_snapshot += 1
             return
         with signals.held():  # a signal meanwhile comes once the save is whole
             self._keep_one(self.name if self.pool is not None else "")

@@ -218,3 +218,17 @@ def test_a_broken_state_file_is_named_in_its_error(tiny_llama_path: Path, tmp_pa
     cut.write_bytes((tmp_path / "s.kvs").read_bytes()[:1000])
     r = chat(tiny_llama_path, f"/load {cut}\nhi\n", cwd=tmp_path)
     assert f"error: {cut}: truncated state" in r.stderr, r.stderr
+
+
+def test_what_changed_since_a_save_is_said_to_be_lost(tiny_llama_path: Path, tmp_path: Path) -> None:
+    """Without --session, /save keeps the conversation as it was: a chat that goes on after it
+    and ends says its last turns are not kept (they went without a word), and how to keep them."""
+    r = chat(tiny_llama_path, "hi\n/save s.kvs\nmore\n", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (
+        "(the conversation changed since /save s.kvs and is not kept: /save s.kvs again keeps it" in r.stderr
+    )
+    r = chat(tiny_llama_path, "hi\n/save s.kvs\n", cwd=tmp_path)
+    assert "not kept" not in r.stderr  # nothing since the save
+    r = chat(tiny_llama_path, "hi\n", cwd=tmp_path)
+    assert "not kept" not in r.stderr and "saved" not in r.stderr  # no /save: nothing was asked for
