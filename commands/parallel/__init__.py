@@ -169,6 +169,12 @@ def parallel(
             "--timeout", help="Seconds per server request.", callback=common.values.bounds(0.0, lo_open=True)
         ),
     ] = 600.0,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key", help="The key --server asks for (llama-server's --api-key): sent as Bearer."
+        ),
+    ] = None,
     no_progress: common.NoProgressOpt = False,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the summary and every request here.")
@@ -209,6 +215,8 @@ def parallel(
     rec: TraceRecorder | None = None
     if server is not None and trace is not None:
         raise typer.BadParameter("records a local run, not --server", param_hint="--trace")
+    if server is None and api_key is not None:
+        raise typer.BadParameter("is the key of a --server: a local run takes none", param_hint="--api-key")
     local = [
         *load.changed(skip=("model", "list_devices")),
         *context.changed(),
@@ -223,7 +231,7 @@ def parallel(
     with recording:
         if server is not None:
             check_server(server, timeout)
-            sim = HttpParallelSim(server, params, model=load.model, timeout=timeout)
+            sim = HttpParallelSim(server, params, model=load.model, timeout=timeout, api_key=api_key)
             where = f"{server} (model '{load.model}')"
             out.print(f"parallel: simulating {n_parallel} clients against {server}")
         else:

@@ -50,14 +50,19 @@ def chat_url(url: str) -> str:
     return url + ("/chat/completions" if url.endswith("/v1") else "/v1/chat/completions")
 
 
-def stream_chat(url: str, payload: dict[str, object], timeout: float) -> Iterator[dict[str, object]]:
-    """POSTs a streaming chat request and yields each `data:` JSON chunk until [DONE]."""
+def stream_chat(
+    url: str, payload: dict[str, object], timeout: float, api_key: str | None = None
+) -> Iterator[dict[str, object]]:
+    """POSTs a streaming chat request (with `api_key` as a Bearer token, as llama-server's
+    --api-key asks) and yields each `data:` JSON chunk until [DONE]."""
     parts = urlsplit(chat_url(url))
     conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     conn = conn_cls(parts.hostname or "127.0.0.1", parts.port, timeout=timeout)
     try:
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if api_key is not None:
+            headers["Authorization"] = f"Bearer {api_key}"
         conn.request("POST", parts.path or "/", body=body, headers=headers)
         resp = conn.getresponse()
         if resp.status != 200:
@@ -100,11 +105,13 @@ class HttpParallelSim:
         params: ParallelParams,
         model: str = "",
         timeout: float = 600.0,
+        api_key: str | None = None,
     ) -> None:
         self.url = url
         self.p = params
         self.model = model
         self.timeout = timeout
+        self.api_key = api_key
         self.records: list[RequestRecord] = []
         self.n_cache_miss = 0  # a server does not report these
         self.n_tokens = 0
@@ -152,7 +159,7 @@ class HttpParallelSim:
         text, finish, error = "", "length", ""
         usage: dict[str, Any] = {}
         try:
-            for chunk in stream_chat(self.url, self.payload(seq), self.timeout):
+            for chunk in stream_chat(self.url, self.payload(seq), self.timeout, self.api_key):
                 usage = chunk.get("usage") or usage  # type: ignore[assignment]
                 choices: list[dict[str, Any]] = chunk.get("choices") or []  # type: ignore[assignment]
                 for choice in choices:

@@ -16,6 +16,7 @@ class ServerLog:
     """What the server saw: request bodies, start/end events in order, peak concurrency."""
 
     bodies: list[dict] = field(default_factory=list)
+    auth: list[str | None] = field(default_factory=list)  # each request's Authorization header
     events: list[str] = field(default_factory=list)
     in_flight: int = 0
     peak: int = 0
@@ -45,6 +46,7 @@ def _handler(log: ServerLog) -> type[BaseHTTPRequestHandler]:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             with log.lock:
                 log.bodies.append(body)
+                log.auth.append(self.headers.get("Authorization"))
                 k = len(log.bodies)
                 log.in_flight += 1
                 log.peak = max(log.peak, log.in_flight)

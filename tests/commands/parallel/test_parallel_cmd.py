@@ -119,6 +119,14 @@ def test_server_failures_exit_nonzero(tmp_path: Path) -> None:
     assert "prompt    ? t" in result.stdout and "prompt   -1 t" not in result.stdout
 
 
+def test_api_key_is_sent_to_a_server_and_refused_without_one() -> None:
+    log = ServerLog()
+    with sse_server(log) as url:
+        run("--server", url, "-np", "1", "-ns", "2", "-n", "2", "--api-key", "k1")
+    assert log.auth == ["Bearer k1"] * 2
+    assert "is the key of a --server" in run("--api-key", "k1", code=2).output
+
+
 @pytest.mark.parametrize(
     ("flags", "named"),
     [

@@ -72,6 +72,15 @@ def test_failed_requests_are_recorded() -> None:
     assert summary.n_gen == 6
 
 
+def test_the_api_key_goes_with_every_request() -> None:
+    """--api-key: a server started with llama-server's --api-key answered every request 401."""
+    log = ServerLog()
+    with sse_server(log) as url:
+        HttpParallelSim(url, ParallelParams(2, 3, 2), timeout=30, api_key="k1").run()
+        HttpParallelSim(url, ParallelParams(1, 1, 2), timeout=30).run()
+    assert log.auth == ["Bearer k1"] * 3 + [None]
+
+
 def test_unreachable_server_is_a_server_error() -> None:
     with pytest.raises(ServerError):
         list(stream_chat("http://127.0.0.1:9", {"messages": []}, timeout=5))
