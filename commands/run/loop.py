@@ -127,7 +127,12 @@ def _read(cmd: str, arg: str, files: list[str]) -> None:
         return
     names = [arg]
     if cmd == "/glob":
-        paths, more = reading.globbed(arg)
+        try:
+            paths, more = reading.globbed(arg)
+        except KeyboardInterrupt:  # a walk of a large tree (/glob /usr/**): Ctrl-C stops it, not the chat
+            signals.check()  # SIGTERM, SIGHUP: the chat ends
+            err.print("(/glob interrupted: no file added)", style="yellow")
+            return
         names = [str(p) for p in paths]
         if more:
             err.print(f"error: /glob adds at most {reading.MAX_GLOBBED} files", markup=False, style="red")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kvtool.commands.run import COMMANDS
 
 KVTOOL = [sys.executable, "-m", "kvtool.commands"]
@@ -232,3 +234,17 @@ def test_what_changed_since_a_save_is_said_to_be_lost(tiny_llama_path: Path, tmp
     assert "not kept" not in r.stderr  # nothing since the save
     r = chat(tiny_llama_path, "hi\n", cwd=tmp_path)
     assert "not kept" not in r.stderr and "saved" not in r.stderr  # no /save: nothing was asked for
+
+
+def test_ctrl_c_stops_a_glob_walk_not_the_chat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/glob over a large tree can walk for long (26 s for /usr here): Ctrl-C stops the walk and
+    adds nothing; the chat goes on (the KeyboardInterrupt ended it, as Ctrl-C at the prompt)."""
+    from kvtool.commands.run import loop, reading
+
+    def walk(pattern: str) -> tuple[list[Path], bool]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reading, "globbed", walk)
+    files: list[str] = ["earlier"]
+    loop._read("/glob", "/usr/**/x", files)
+    assert files == ["earlier"]
