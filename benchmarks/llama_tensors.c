@@ -1,9 +1,7 @@
 /* llama.cpp's intermediate tensors for one prompt, for benchmarks/ops_vs_llama.py: the prompt
  * decoded as one batch with every row an output (flash attention off, F32 K/V, 2 threads, one
- * unified stream: the oracle's teacher-forced settings), every F32 graph tensor written through
- * the `cb_eval` callback, and the logits. Weight repacking is off (`use_extra_bufts`): a repacked
- * kernel adds in another order, and a -march=native build's AMX buffer type stops with an illegal
- * instruction where the kernel does not grant AMX.
+ * unified stream: the oracle's teacher-forced settings, llama_oracle.h, no weight repacking),
+ * every F32 graph tensor written through the `cb_eval` callback, and the logits.
  *   cc -O2 benchmarks/llama_tensors.c -I$LLAMA/include -I$LLAMA/ggml/include \
  *      -L$LLAMA/build/bin -lllama -lggml -lggml-base -Wl,-rpath,$LLAMA/build/bin -o llama_tensors
  * usage: llama_tensors MODEL OUTDIR TOKEN... ; OUTDIR gets index.txt (one line a tensor: its
@@ -15,7 +13,7 @@
 
 #include "ggml-backend.h"
 #include "ggml.h"
-#include "llama.h"
+#include "llama_oracle.h"
 
 struct dump {
     const char *dir;
@@ -64,17 +62,8 @@ int main(int argc, char **argv) {
     if (!tok) return 3;
     for (int i = 0; i < n; i++) fprintf(tok, "%s\n", argv[3 + i]);
     fclose(tok);
-    llama_backend_init();
-    struct llama_model_params mp = llama_model_default_params();
-    mp.use_extra_bufts = false;
-    struct llama_model *model = llama_model_load_from_file(argv[1], mp);
-    if (!model) return 4;
-    struct llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = 2048, cp.n_batch = 512, cp.n_ubatch = 512, cp.n_seq_max = 1, cp.n_threads = 2;
-    cp.n_threads_batch = 2, cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    cp.type_k = GGML_TYPE_F32, cp.type_v = GGML_TYPE_F32, cp.kv_unified = 1, cp.swa_full = 1;
-    cp.cb_eval = on_tensor, cp.cb_eval_user_data = &d;
-    struct llama_context *ctx = llama_init_from_model(model, cp);
+    struct llama_model *model = NULL;
+    struct llama_context *ctx = oracle_context(argv[1], &model, GGML_TYPE_F32, 0, on_tensor, &d);
     if (!ctx) return 5;
     struct llama_batch b = llama_batch_init(n, 0, 1);
     for (int i = 0; i < n; i++) {

@@ -6,18 +6,26 @@ sure positions / mean KL@32 / mean |d top-1 logit|), and llama.cpp's own default
 F32 one (`self_scores`).
 
     .venv/bin/python benchmarks/weights_oracle.py gemma3-270m [--weights auto,f32] [--cache f32,f16]
-        [--nudges 8] [--oracle DIR]
+        [--nudges 8] [--llama DRIVER] [--oracle DIR]
 
 `--nudges N` decodes each setting N more times with every input embedding value moved one
 float32 ulp up or down at random (seeded), and prints the spread of the F32 reference's scores:
 how far last-bit rounding alone carries through the layers (the quantized activations of the
 default weights amplify it; the float32 weights barely move). The oracle folder is --oracle DIR,
 else as in kv_types_oracle.py.
+
+`--llama DRIVER` (benchmarks/llama_teacher.c, built as its header says) adds llama.cpp itself,
+decoded on this machine as the oracle decoded its reference, with F32 K/V and flash attention
+off, F16 K/V and flash attention off, and F16 K/V and flash attention on, each scored the same
+way: what a faithful implementation gets with each cache.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +33,9 @@ import torch
 from kv_types_oracle import ORACLE, REAL, scores, teacher_logits
 
 import kvtool
+from kvtool.common.registry import resolve_model
+
+LLAMA_RUNS = (("f32", 0), ("f16", 0), ("f16", 1))
 
 
 class Nudged:
@@ -61,6 +72,19 @@ def self_scores(on: np.lib.npyio.NpzFile, off: np.lib.npyio.NpzFile) -> tuple[fl
     return float(agree.mean()), float(agree[sure].mean()), float(kl), float(d_top1)
 
 
+def llama_logits(driver: Path, model: str, ref: np.lib.npyio.NpzFile, cache: str, fa: int) -> np.ndarray:
+    """The reference's prompts through llama.cpp (`driver`, benchmarks/llama_teacher.c) with
+    `cache` as the K and V type and flash attention `fa`: the rows of logits, concatenated."""
+    tokens, offsets = ref["tokens"], ref["offsets"]
+    spans = itertools.pairwise(offsets)
+    prompts = "".join(" ".join(str(int(t)) for t in tokens[a:b]) + "\n" for a, b in spans)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "logits.bin"
+        subprocess.run([str(driver), str(resolve_model(model)), cache, str(fa), str(out)], input=prompts,
+                       text=True, check=True, capture_output=True)  # fmt: skip
+        return np.fromfile(out, dtype=np.float32).reshape(len(tokens), -1)
+
+
 def line(values: tuple[float, ...]) -> str:
     return " / ".join(f"{x:.4f}" for x in values)
 
@@ -71,6 +95,7 @@ def main() -> None:
     ap.add_argument("--weights", default="auto,f32", help="weights modes, comma-separated")
     ap.add_argument("--cache", default="f32,f16", help="K/V cache types, comma-separated")
     ap.add_argument("--nudges", type=int, default=0, help="runs with the embeddings nudged by one ulp")
+    ap.add_argument("--llama", type=Path, help="llama_teacher built from benchmarks/llama_teacher.c")
     ap.add_argument("--oracle", type=Path, default=ORACLE, help="the oracle folder (default: %(default)s)")
     a = ap.parse_args()
     if a.oracle is None:
@@ -95,7 +120,11 @@ def main() -> None:
                 print(f"  {a.nudges} nudged runs vs F32 FA-off: top-1 {r[:, 0].mean():.4f} "
                       f"({r[:, 0].min():.4f}-{r[:, 0].max():.4f}), |d top-1| {r[:, 3].mean():.3f} "
                       f"({r[:, 3].min():.3f}-{r[:, 3].max():.3f})")  # fmt: skip
-    print(f"llama.cpp FA-on vs F32 FA-off: {line(self_scores(on, off))}")
+    print(f"llama.cpp's FA-on reference vs F32 FA-off: {line(self_scores(on, off))}")
+    for cache, fa in LLAMA_RUNS if a.llama else ():
+        got = llama_logits(a.llama, a.model, off, cache, fa)
+        print(f"llama.cpp here -ctk/-ctv {cache} -fa {'on' if fa else 'off'}: vs F32 FA-off "
+              f"{line(scores(got, off))}   vs FA-on {line(scores(got, on))}")  # fmt: skip
 
 
 if __name__ == "__main__":
