@@ -75,7 +75,7 @@ class Keeper:
         self.resumed: str | None = None  # what was resumed, as `run` says it after its banner
         # without --session or --store: the last /save NAME, and the changes since (not kept)
         self._snapshot: str | None = None
-        self._since_snapshot = 0
+        self._changed_since = False
         if self.pool is not None:
             self.session = self.pool.open(name)
             if self.session.messages or self.session.cached:
@@ -107,7 +107,7 @@ class Keeper:
         with signals.held():
             n = self.session.save_state(path)
         if self.file is None:
-            self._snapshot, self._since_snapshot = name, 0
+            self._snapshot, self._changed_since = name, False
         return f"saved to {path}: {n:,} bytes; /load {name} or --session {name} resumes it"
 
     def load(self, name: str) -> str:
@@ -142,7 +142,7 @@ class Keeper:
             n = _count(self.session.messages)
             return f"conversation '{self.name}' kept in the store {self.pool.store.path}: {n}"
         if self.file is None:
-            if self._snapshot is None or not self._since_snapshot:
+            if self._snapshot is None or not self._changed_since:
                 return None
             name = self._snapshot  # /save keeps what the conversation was, not what came after
             return (
@@ -174,7 +174,7 @@ class Keeper:
         """The current conversation changed (a turn, /clear, /load): it is saved now."""
         self.touch()
         if self.pool is None and self.file is None:
-            self._since_snapshot += 1
+            self._changed_since = True
             return
         with signals.held():  # a signal meanwhile comes once the save is whole
             self._keep_one(self.name if self.pool is not None else "")
